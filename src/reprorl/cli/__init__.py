@@ -1,0 +1,1 @@
+"""The `reprorl` command line: parse arguments, call the library, print results."""

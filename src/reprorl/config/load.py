@@ -1,0 +1,211 @@
+"""Loading run specs from TOML with dotted overrides, and pinning their artifact references.
+
+Every way a spec can be wrong ends in one `SpecError` whose message is a single line that names
+the field (`learning.lr: ...`) and says how to fix it.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from reprorl.config.spec import RunSpec
+from reprorl.errors import FloatingReferenceError, SpecError
+from reprorl.refs import ArtifactRef, RefError
+
+MAX_SPEC_BYTES = 1 << 20
+_MAX_PIN_ROUNDS = 4
+_NO_VERSION = "has no version"
+
+FieldPath = tuple[str | int, ...]
+
+
+def dotted(path: FieldPath) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "<spec>"
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Split `a.b.c=value`; the value is read as a TOML value, or taken as a plain string."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep:
+        raise SpecError(f"override {text!r} has no '='; write KEY=VALUE, e.g. learning.lr=1e-5")
+    parts = key.split(".")
+    if not key or any(not p.strip() or p != p.strip() for p in parts):
+        raise SpecError(f"override {text!r} has an empty or malformed key; write e.g. learning.lr=1e-5")
+    raw = raw.strip()
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        if any(c in raw for c in "[]{}\"'"):
+            raise SpecError(f"{key}: override value {raw!r} is not valid TOML", field=None) from None
+        value = raw  # bare words (names, refs) need no quotes on a command line
+    return parts, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Return a copy of `data` with each `a.b.c=value` override set."""
+    out: dict[str, Any] = json.loads(json.dumps(data, default=str))
+    for text in overrides:
+        parts, value = parse_override(text)
+        node = out
+        for depth, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                where = ".".join(parts[: depth + 1])
+                raise SpecError(f"is a value, not a table; cannot set {'.'.join(parts)}", field=where)
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise SpecError(f"spec file {str(path)!r} does not exist or is not a file")
+    if path.stat().st_size > MAX_SPEC_BYTES:
+        raise SpecError(f"spec file {str(path)!r} is larger than {MAX_SPEC_BYTES} bytes")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise SpecError(f"spec file {str(path)!r} is not UTF-8 text") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{path.name}: not valid TOML: {exc}") from None
+
+
+def _describe(error: dict[str, Any]) -> tuple[str, str]:
+    field = dotted(tuple(error["loc"]))
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return field, "unknown key; remove it or check its spelling (see docs/spec.md)"
+    if kind == "missing":
+        return field, "required but missing; add it"
+    message = str(error["msg"])
+    if message.startswith("Value error, "):
+        message = message[len("Value error, ") :]
+    given = error.get("input")
+    if kind not in ("value_error",) and not isinstance(given, dict | list):
+        message += f" (got {json.dumps(given, default=str)[:60]})"
+    return field, message
+
+
+def spec_error_from(exc: ValidationError) -> SpecError:
+    """One line naming the first bad field; the count of further problems follows."""
+    errors = exc.errors()
+    field, message = _describe(dict(errors[0]))
+    more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+    error_cls = FloatingReferenceError if "floating label" in message else SpecError
+    return error_cls(message + (more if len(errors) > 1 else ""), field=field)
+
+
+def _to_json(data: dict[str, Any]) -> str:
+    try:
+        return json.dumps(data, default=str, allow_nan=False)
+    except ValueError:
+        raise SpecError("the spec holds NaN or infinity; use finite numbers") from None
+
+
+def validate_spec(data: dict[str, Any]) -> RunSpec:
+    """Validate a plain dict (as read from TOML) strictly: no silent type coercion."""
+    try:
+        return RunSpec.model_validate_json(_to_json(data), strict=True)
+    except ValidationError as exc:
+        raise spec_error_from(exc) from None
+
+
+def load_spec(
+    path: str | Path, overrides: Sequence[str] = (), *, pin_bare: Callable[[str], str] | None = None
+) -> RunSpec:
+    """Read a TOML run spec, apply `a.b=value` overrides, and validate it.
+
+    With `pin_bare`, a reference written as a bare name is replaced by what `pin_bare` returns
+    (the newest registered hash) before validation; the result still stores only hashes.
+    """
+    data = apply_overrides(read_toml(Path(path)), overrides)
+    if pin_bare is not None:
+        data = _pin_bare_names(data, pin_bare)
+    return validate_spec(data)
+
+
+def _pin_bare_names(data: dict[str, Any], pin_bare: Callable[[str], str]) -> dict[str, Any]:
+    for _ in range(_MAX_PIN_ROUNDS):
+        try:
+            RunSpec.model_validate_json(_to_json(data), strict=True)
+            return data
+        except ValidationError as exc:
+            bare = [e for e in exc.errors() if _NO_VERSION in str(e["msg"])]
+            if not bare:
+                return data
+            for error in bare:
+                node: Any = data
+                for part in error["loc"][:-1]:
+                    node = node[part]
+                try:
+                    node[error["loc"][-1]] = pin_bare(str(error["input"]))
+                except (KeyError, ValueError) as lookup:
+                    message = lookup.args[0] if lookup.args else str(lookup)
+                    raise SpecError(str(message), field=dotted(tuple(error["loc"]))) from None
+    return data
+
+
+def iter_refs(model: BaseModel, prefix: FieldPath = ()) -> Iterator[tuple[FieldPath, ArtifactRef]]:
+    """Every artifact reference in a spec, with the path of the field that holds it."""
+    for name in type(model).model_fields:
+        yield from _walk(getattr(model, name), (*prefix, name))
+
+
+def _walk(value: object, path: FieldPath) -> Iterator[tuple[FieldPath, ArtifactRef]]:
+    if isinstance(value, ArtifactRef):
+        yield path, value
+    elif isinstance(value, BaseModel):
+        yield from iter_refs(value, path)
+    elif isinstance(value, tuple | list):
+        for i, item in enumerate(value):
+            yield from _walk(item, (*path, i))
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _walk(item, (*path, str(key)))
+
+
+Resolver = Callable[[ArtifactRef], str]
+"""Maps a reference to the full `name@sha256:<hex>` (or `sha256:<hex>`) it stands for."""
+
+
+def resolve_spec(spec: RunSpec, resolver: Resolver) -> RunSpec:
+    """Return the spec with every reference pinned to a full content hash."""
+    data = spec.model_dump(mode="json")
+    for path, ref in iter_refs(spec):
+        try:
+            pinned = resolver(ref)
+        except (RefError, KeyError, ValueError) as exc:
+            message = exc.args[0] if exc.args else str(exc)
+            raise SpecError(str(message), field=dotted(path)) from None
+        node: Any = data
+        for part in path[:-1]:
+            node = node[part]
+        node[path[-1]] = pinned
+    return validate_spec(data)
+
+
+def is_resolved(spec: RunSpec) -> bool:
+    return all(ref.parsed.is_pinned for _, ref in iter_refs(spec))
+
+
+def ensure_resolved(spec: RunSpec) -> RunSpec:
+    """Raise naming the first reference that is not pinned to a full hash."""
+    for path, ref in iter_refs(spec):
+        if not ref.parsed.is_pinned:
+            raise SpecError(
+                f"{ref!r} is not pinned to a content hash; resolve the spec against a registry first",
+                field=dotted(path),
+            )
+    return spec

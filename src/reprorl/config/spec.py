@@ -1,0 +1,211 @@
+"""The run spec: the four decisions of a training run (model, data, learning, evaluation).
+
+Each decision has an `owner` who answers for it. The spec is frozen, refuses unknown keys, and
+refers to artifacts only through pinned references; its resolved form is hashed and stored
+before step 0, so a result can always be traced back to exactly this document.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from reprorl.hashing import content_hash
+from reprorl.refs import ArtifactRef
+
+Owner = Annotated[
+    str,
+    Field(
+        min_length=1,
+        pattern=r"\S",
+        description="Who answers for this decision (a person or team), e.g. 'alice@example.com'.",
+    ),
+]
+
+
+class SpecModel(BaseModel):
+    """Base of every spec section: frozen, strict about keys."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+
+class LoraAdapter(SpecModel):
+    """Train a LoRA adapter on top of the frozen base weights."""
+
+    kind: Literal["lora"] = "lora"
+    rank: int = Field(default=16, ge=1, le=1024, description="LoRA rank r.")
+    alpha: float = Field(default=32.0, gt=0, description="LoRA scaling numerator (scale = alpha/r).")
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA input.")
+    targets: tuple[str, ...] = Field(
+        default=("q_proj", "k_proj", "v_proj", "o_proj"),
+        min_length=1,
+        description="Module names that receive adapters.",
+    )
+
+
+class FullFineTune(SpecModel):
+    """Train every weight of the base model."""
+
+    kind: Literal["full"] = "full"
+
+
+class ModelSpec(SpecModel):
+    """Which weights the run starts from and which of them it trains."""
+
+    owner: Owner
+    base: ArtifactRef = Field(description="Base model artifact, e.g. 'smollm2-135m@sha256:<hash>'.")
+    init_adapter: ArtifactRef | None = Field(
+        default=None, description="Adapter to start from (e.g. an SFT warm start); none = fresh."
+    )
+    adapter: LoraAdapter | FullFineTune = Field(
+        default_factory=LoraAdapter, discriminator="kind", description="What is trained."
+    )
+    chat_template: ArtifactRef | None = Field(
+        default=None, description="Override of the model's own chat template; none = its own."
+    )
+
+
+class DataSpec(SpecModel):
+    """What the agent practises on and in which environments."""
+
+    owner: Owner
+    train: ArtifactRef = Field(description="Training task set, e.g. 'calc-train@v2'.")
+    envs: tuple[ArtifactRef, ...] = Field(
+        default=(), description="Environment families (with their tools) the tasks run in."
+    )
+    tool_output_chars: int = Field(
+        default=4096, gt=0, description="Tool output longer than this is truncated and flagged."
+    )
+    noise: dict[str, float] = Field(
+        default_factory=dict,
+        description="Named noise settings (e.g. tool failure injection rates), each recorded.",
+    )
+
+
+class KLPenalty(SpecModel):
+    """KL regularisation toward the reference policy (the base without the adapter)."""
+
+    estimator: Literal["off", "k1", "k2", "k3"] = Field(
+        default="off", description="Estimator of KL(pi || ref) used in the loss; 'off' = none."
+    )
+    coef: float = Field(default=0.0, ge=0.0, description="Weight of the KL term in the loss.")
+
+    @model_validator(mode="after")
+    def _coef_needs_estimator(self) -> KLPenalty:
+        if self.estimator == "off" and self.coef > 0:
+            raise ValueError("coef > 0 needs an estimator (k1, k2 or k3)")
+        return self
+
+
+class LearningSpec(SpecModel):
+    """How the policy is updated from its rollouts."""
+
+    owner: Owner
+    loss: Literal["ppo_clip", "ppo_ewma", "reinforce"] = Field(
+        default="ppo_clip", description="Policy-gradient objective."
+    )
+    advantage: Literal["grpo", "dr_grpo", "rloo"] = Field(
+        default="dr_grpo", description="Group advantage estimator (dr_grpo = mean-centred, no std)."
+    )
+    lr: float = Field(default=1e-5, gt=0.0, lt=1.0, description="Peak learning rate.")
+    schedule: Literal["constant", "linear", "cosine"] = Field(
+        default="constant", description="Learning-rate schedule after warmup."
+    )
+    warmup_steps: int = Field(default=0, ge=0, description="Linear warmup steps.")
+    steps: int = Field(default=20, ge=1, description="Optimizer steps to train for.")
+    group_size: int = Field(default=8, ge=2, description="Rollouts per task (G) per step.")
+    tasks_per_step: int = Field(default=4, ge=1, description="Tasks (groups) sampled per step.")
+    clip_low: float = Field(default=0.2, gt=0.0, lt=1.0, description="PPO clip epsilon below 1.")
+    clip_high: float = Field(default=0.28, gt=0.0, description="PPO clip epsilon above 1.")
+    ewma_decay: float = Field(
+        default=0.9, ge=0.0, lt=1.0, description="PPO-EWMA decay of the proximal policy."
+    )
+    kl: KLPenalty = Field(default_factory=KLPenalty)
+    tis_cap: float = Field(
+        default=2.0, ge=1.0, description="Truncated importance-sampling cap vs behaviour policy."
+    )
+    max_staleness: int = Field(
+        default=0, ge=0, description="Max policy versions a sample may lag; 0 = synchronous."
+    )
+    temperature: float = Field(default=1.0, ge=0.0, description="Sampling temperature.")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    top_k: int = Field(default=0, ge=0, description="Top-k sampling; 0 = off.")
+    max_tokens: int = Field(default=256, ge=1, description="Max new tokens per model turn.")
+    max_turns: int = Field(default=6, ge=1, description="Max model turns per episode.")
+    drop_zero_variance_groups: bool = Field(
+        default=True, description="Skip groups whose rewards are all equal (no signal); counted."
+    )
+    sft_steps: int = Field(default=0, ge=0, description="SFT warm-start steps before RL.")
+    sft_imperfect_fraction: float = Field(
+        default=0.0, ge=0.0, le=1.0, description="Share of SFT demos made deliberately wrong."
+    )
+
+
+class RollbackRule(SpecModel):
+    """A rule that stops the run or reverts to the last good checkpoint when it fires."""
+
+    when: Literal[
+        "required_task_decline",
+        "unsafe_action",
+        "cost_cap",
+        "tool_failure_rate",
+        "reward_hacking",
+        "metric_below",
+    ] = Field(description="Condition that fires the rule.")
+    action: Literal["stop", "revert"] = Field(default="stop", description="What firing does.")
+    metric: str | None = Field(default=None, description="Metric watched by 'metric_below'.")
+    threshold: float | None = Field(default=None, description="Limit the condition compares to.")
+
+    @model_validator(mode="after")
+    def _metric_rule_is_complete(self) -> RollbackRule:
+        if self.when == "metric_below" and (self.metric is None or self.threshold is None):
+            raise ValueError("'metric_below' needs both metric and threshold")
+        return self
+
+
+class EvaluationSpec(SpecModel):
+    """How success is measured, declared before training starts."""
+
+    owner: Owner
+    suites: tuple[ArtifactRef, ...] = Field(
+        min_length=1, description="Frozen eval suites (task set + scoring), e.g. 'calc-eval@v1'."
+    )
+    every_steps: int = Field(default=10, ge=1, description="Evaluate every N training steps.")
+    samples_per_task: int = Field(default=1, ge=1, description="Samples per eval task (pass@k).")
+    metrics: tuple[str, ...] = Field(
+        default=("success", "invalid_tool_calls", "extra_steps", "tokens"),
+        min_length=1,
+        description="Metrics reported for every suite.",
+    )
+    thresholds: dict[str, float] = Field(
+        default_factory=dict, description="Acceptance thresholds, metric name to minimum."
+    )
+    rollback: tuple[RollbackRule, ...] = Field(default=(), description="Rules that stop or revert.")
+    allow_leakage: bool = Field(
+        default=False, description="Run even if train and eval tasks overlap (recorded)."
+    )
+
+
+class BudgetSpec(SpecModel):
+    """Caps that stop a run before it spends more than agreed; none = no cap."""
+
+    max_usd: float | None = Field(default=None, ge=0.0, description="Total compute cost cap.")
+    max_wall_s: float | None = Field(default=None, gt=0.0, description="Wall-clock cap, seconds.")
+    max_tokens: int | None = Field(default=None, gt=0, description="Sampled-token cap.")
+
+
+class RunSpec(SpecModel):
+    """A complete, self-contained description of one training run."""
+
+    name: str = Field(default="run", min_length=1, max_length=128, description="Label for people; not an id.")
+    seed: int = Field(ge=0, lt=2**63, description="Root seed; every sampler and shuffler derives from it.")
+    model: ModelSpec
+    data: DataSpec
+    learning: LearningSpec
+    evaluation: EvaluationSpec
+    budget: BudgetSpec = Field(default_factory=BudgetSpec)
+
+    def spec_hash(self) -> str:
+        """`sha256:` of the canonical JSON of the spec; equal specs hash equally."""
+        return content_hash(self.model_dump(mode="json"))

@@ -1,0 +1,264 @@
+"""The records of the RL loop: tasks, messages, tool calls, turns, trajectories and rewards.
+
+Every record is a frozen pydantic model that refuses unknown fields and carries a
+`schema_version`, so a stored record can always be read back by the code that knows its shape.
+Nothing here imports torch: these records are what every layer above passes around.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator
+
+from reprorl.errors import UserInputError
+from reprorl.hashing import HASH_PREFIX, canonical_json, content_hash, sha256_hex
+
+SCHEMA_VERSION = 1
+
+
+class Record(BaseModel):
+    """Base of every stored record: frozen, strict about keys, versioned."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+class Split(StrEnum):
+    """Which part of the data a task belongs to; eval and holdout never feed training."""
+
+    TRAIN = "train"
+    EVAL = "eval"
+    HOLDOUT = "holdout"
+
+
+class Role(StrEnum):
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+
+
+class Permission(StrEnum):
+    """What a tool may touch; a run can refuse tools above a given scope."""
+
+    READ = "read"
+    WRITE = "write"
+    NETWORK = "network"
+    HUMAN = "human"
+
+
+class Termination(StrEnum):
+    """Why an episode ended; every trajectory has exactly one."""
+
+    ANSWERED = "answered"
+    MAX_TURNS = "max_turns"
+    MAX_TOKENS = "max_tokens"
+    TOOL_TIMEOUT = "tool_timeout"
+    INVALID_ACTION = "invalid_action"
+    SANDBOX_ERROR = "sandbox_error"
+    INFRA_ERROR = "infra_error"
+    UNSAFE_ACTION = "unsafe_action"
+
+
+class ToolOutcome(StrEnum):
+    """The class of a tool call's result, attributed to one boundary (model, tool, sandbox, infra)."""
+
+    OK = "ok"
+    PARSE_ERROR = "parse_error"
+    UNKNOWN_TOOL = "unknown_tool"
+    BAD_ARGUMENTS = "bad_arguments"
+    PERMISSION_DENIED = "permission_denied"
+    TOOL_EXCEPTION = "tool_exception"
+    TOOL_TIMEOUT = "tool_timeout"
+    OUTPUT_TRUNCATED = "output_truncated"
+    SANDBOX_ERROR = "sandbox_error"
+    INFRA_ERROR = "infra_error"
+
+
+class ToolCall(Record):
+    """One call the model asked for; `arguments` is the parsed JSON object."""
+
+    id: str
+    name: str
+    arguments: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class Message(Record):
+    """A chat message as the model's template renders it."""
+
+    role: Role
+    content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+class Task(Record):
+    """One problem for the agent; `reference` is hidden from it and given only to verifiers."""
+
+    id: str = Field(min_length=1)
+    family: str = Field(min_length=1)
+    prompt: tuple[Message, ...] = Field(min_length=1)
+    tools: tuple[str, ...] = ()
+    reference: JsonValue = None
+    split: Split = Split.TRAIN
+    tags: tuple[str, ...] = ()
+    reference_steps: int | None = Field(default=None, ge=0)
+
+    @property
+    def content_hash(self) -> str:
+        """Hash of everything that defines the task; any change makes a new task version."""
+        return content_hash(self.to_json_dict())
+
+
+class TaskSet(Record):
+    """Ordered tasks; the content hash of the tasks is the task set's version."""
+
+    name: str = Field(min_length=1)
+    tasks: tuple[Task, ...]
+
+    @field_validator("tasks")
+    @classmethod
+    def _unique_ids(cls, tasks: tuple[Task, ...]) -> tuple[Task, ...]:
+        seen: set[str] = set()
+        for task in tasks:
+            if task.id in seen:
+                raise ValueError(f"task id {task.id!r} appears twice; ids must be unique")
+            seen.add(task.id)
+        return tasks
+
+    @property
+    def version(self) -> str:
+        """sha256 of the canonical JSONL; the name is a label, so renaming keeps the version."""
+        return HASH_PREFIX + sha256_hex(self.to_jsonl())
+
+    def to_jsonl(self) -> bytes:
+        """One canonical JSON task per line: equal content gives identical bytes."""
+        return "".join(canonical_json(t.to_json_dict()) + "\n" for t in self.tasks).encode("utf-8")
+
+    @classmethod
+    def from_jsonl(cls, name: str, data: bytes, *, source: str = "<tasks>") -> TaskSet:
+        """Parse JSONL (or a JSON array) of tasks; errors name the line and the field."""
+        text = data.decode("utf-8")
+        stripped = text.lstrip()
+        if stripped.startswith("["):
+            try:
+                items = [(i + 1, item) for i, item in enumerate(json.loads(text))]
+            except ValueError as exc:
+                raise UserInputError(f"{source}: not valid JSON: {exc}") from None
+        else:
+            items = []
+            for number, line in enumerate(text.splitlines(), start=1):
+                if line.strip():
+                    try:
+                        items.append((number, json.loads(line)))
+                    except ValueError as exc:
+                        raise UserInputError(f"{source}:{number}: not valid JSON: {exc}") from None
+        tasks = []
+        for number, item in items:
+            try:
+                tasks.append(Task.model_validate(item))
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(p) for p in first["loc"]) or "task"
+                raise UserInputError(f"{source}:{number}: {where}: {first['msg']}") from None
+        try:
+            return cls(name=name, tasks=tuple(tasks))
+        except ValidationError as exc:
+            raise UserInputError(f"{source}: {exc.errors()[0]['msg']}") from None
+
+    def split(self, split: Split) -> tuple[Task, ...]:
+        return tuple(t for t in self.tasks if t.split == split)
+
+
+class SamplingParams(Record):
+    """Everything that shapes a sample; recorded with it so it can be drawn again."""
+
+    temperature: float = Field(default=1.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0, description="0 disables top-k filtering.")
+    max_tokens: int = Field(default=256, gt=0)
+    seed: int = 0
+
+
+class ToolResult(Record):
+    """What came back from one tool call, with its outcome class and the details of a failure."""
+
+    call_id: str
+    name: str
+    outcome: ToolOutcome
+    content: str = ""
+    error: str | None = None
+    duration_s: float = Field(default=0.0, ge=0.0)
+    original_chars: int | None = Field(
+        default=None, ge=0, description="Length before truncation, when the output was cut."
+    )
+
+
+class Turn(Record):
+    """One model turn: the tokens as sampled (never re-rendered) and what the tools returned."""
+
+    index: int = Field(ge=0)
+    prompt_token_ids: tuple[int, ...] = ()
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[float, ...] = ()
+    text: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_results: tuple[ToolResult, ...] = ()
+    observation_token_ids: tuple[int, ...] = ()
+    policy_version: str = ""
+    finish_reason: Literal["stop", "length", "tool_call", "error"] = "stop"
+    sample_s: float = Field(default=0.0, ge=0.0)
+    tool_s: float = Field(default=0.0, ge=0.0)
+
+    @field_validator("logprobs")
+    @classmethod
+    def _valid_logprobs(cls, logprobs: tuple[float, ...]) -> tuple[float, ...]:
+        if any(lp != lp or lp > 0.0 for lp in logprobs):
+            raise ValueError("logprobs must be real numbers <= 0")
+        return logprobs
+
+
+class Reward(Record):
+    """An outcome score, its named components, and the exact verifier that produced it."""
+
+    total: float
+    components: dict[str, float] = Field(default_factory=dict)
+    verifier_version: str
+
+
+class Trajectory(Record):
+    """A complete rollout record: enough to query it, explain it and replay it."""
+
+    run_id: str
+    rollout_id: str
+    group_id: str = ""
+    split: Split
+    task_id: str
+    task_hash: str
+    prompt_template_hash: str = ""
+    env_version: str = ""
+    tool_versions: dict[str, str] = Field(default_factory=dict)
+    base_model_hash: str = ""
+    adapter_version: str | None = None
+    policy_version: str = ""
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    turns: tuple[Turn, ...] = ()
+    reward: Reward | None = None
+    process_rewards: tuple[float, ...] = ()
+    termination: Termination
+    error: str | None = Field(default=None, description="Details of an infra or sandbox failure.")
+    infra_retries: int = Field(default=0, ge=0)
+    prompt_tokens: int = Field(default=0, ge=0)
+    completion_tokens: int = Field(default=0, ge=0)
+    cost_usd: float = Field(default=0.0, ge=0.0)
+    wall_s: float = Field(default=0.0, ge=0.0)
+
+    def tool_outcomes(self) -> list[ToolOutcome]:
+        return [r.outcome for turn in self.turns for r in turn.tool_results]

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint format clean
+.PHONY: venv demo test lint format docs clean
 
 venv: $(STAMP)
 
@@ -33,6 +33,9 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(BIN)/ruff check --fix src tests bench
 	$(BIN)/ruff format src tests bench
+
+docs: $(STAMP)
+	$(BIN)/python -m reprorl.config.reference docs/spec.md
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -6,7 +6,6 @@ import sys
 import traceback
 from pathlib import Path
 
-import click
 import typer
 
 from reprorl.cli import artifacts_cmd, demo_cmd, runs_cmd, spec_cmd
@@ -53,13 +52,15 @@ def main(argv: list[str] | None = None) -> int:
     command = typer.main.get_command(app)
     try:
         result = command.main(args=args, prog_name="reprorl", standalone_mode=False)
-    except click.exceptions.Exit as done:
+    except typer.Exit as done:
         return int(done.exit_code)
-    except click.exceptions.Abort:
+    except typer.Abort:
         err_console.print("error: aborted")
         return EXIT_ERROR
-    except click.ClickException as exc:
-        _report(exc.format_message(), debug)
+    except typer.TyperException as exc:  # usage errors: unknown command, bad option value, ...
+        if not exc.format_message().strip():
+            return 0  # no arguments: the help text was shown, nothing went wrong
+        _report(_usage_message(exc), debug)
         return EXIT_ERROR
     except ReprorlError as exc:
         _report(str(exc), debug)
@@ -74,6 +75,15 @@ def main(argv: list[str] | None = None) -> int:
         )
         return EXIT_ERROR
     return int(result) if isinstance(result, int) else 0
+
+
+def _usage_message(exc: typer.TyperException) -> str:
+    param = getattr(exc, "param", None)
+    names = getattr(param, "opts", None) or []
+    message = exc.format_message()
+    if names and names[0] not in message:
+        message = f"{names[0]}: {message}"
+    return message
 
 
 def _report(message: str, debug: bool) -> None:

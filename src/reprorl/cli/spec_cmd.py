@@ -10,7 +10,7 @@ from reprorl.cli.context import options
 from reprorl.cli.output import console, print_json
 from reprorl.config import RunSpec, is_resolved, iter_refs, load_spec, resolve_spec
 from reprorl.config.load import dotted
-from reprorl.hashing import canonical_json
+from reprorl.hashing import HASH_PREFIX, canonical_json
 
 app = typer.Typer(help="Validate and resolve run specs.", no_args_is_help=True)
 
@@ -77,14 +77,17 @@ def resolve(
     digest = resolved.spec_hash()
     data = resolved.model_dump(mode="json")
     if save:
+        # Every reference is pinned now, so its hash is known without a lookup; looking it up
+        # after the write could fail (an unregistered bare hash) and leave a half-saved spec.
+        uses = [f"{HASH_PREFIX}{ref.parsed.digest}" for _, ref in iter_refs(resolved)]
         version = store.add_bytes(
             f"spec/{resolved.name}",
             canonical_json(data).encode(),
             kind="spec",
             meta={"spec_hash": digest},
         )
-        for _, ref in iter_refs(resolved):
-            store.registry.link(version.hash, store.resolve(ref).hash, "uses")
+        for address in uses:
+            store.registry.link(version.hash, address, "uses")
     if as_json:
         print_json({"spec_hash": digest, "spec": data})
         return

@@ -7,12 +7,13 @@ the field (`learning.lr: ...`) and says how to fix it.
 from __future__ import annotations
 
 import json
+import math
 import tomllib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Discriminator, ValidationError
 
 from reprorl.config.spec import RunSpec
 from reprorl.errors import FloatingReferenceError, SpecError
@@ -73,7 +74,7 @@ def read_toml(path: Path) -> dict[str, Any]:
     if path.stat().st_size > MAX_SPEC_BYTES:
         raise SpecError(f"spec file {str(path)!r} is larger than {MAX_SPEC_BYTES} bytes")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # editors on some systems add a BOM
     except UnicodeDecodeError:
         raise SpecError(f"spec file {str(path)!r} is not UTF-8 text") from None
     try:
@@ -82,8 +83,45 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise SpecError(f"{path.name}: not valid TOML: {exc}") from None
 
 
+def _tagged_unions(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+    """Paths of every field that is a tagged union, found by walking the spec models."""
+    found: set[tuple[str, ...]] = set()
+    for name, info in model.model_fields.items():
+        path = (*prefix, name)
+        if info.discriminator is not None or any(isinstance(m, Discriminator) for m in info.metadata):
+            found.add(path)
+        for member in _model_args(info.annotation):
+            found |= _tagged_unions(member, path)
+    return found
+
+
+def _model_args(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _model_args(arg)]
+
+
+_TAGGED_UNIONS = frozenset(_tagged_unions(RunSpec))
+
+
+def _field_path(loc: Sequence[str | int]) -> FieldPath:
+    """The spec path of an error location, without the tag pydantic adds for a tagged union.
+
+    Pydantic reports `model.adapter.lora.rank`; the spec (and an override) says `model.adapter.rank`.
+    """
+    out: list[str | int] = []
+    skip = False
+    for part in loc:
+        if skip:
+            skip = False
+            continue
+        out.append(part)
+        skip = tuple(p for p in out if isinstance(p, str)) in _TAGGED_UNIONS
+    return tuple(out)
+
+
 def _describe(error: dict[str, Any]) -> tuple[str, str]:
-    field = dotted(tuple(error["loc"]))
+    field = dotted(_field_path(tuple(error["loc"])))
     kind = error["type"]
     if kind == "extra_forbidden":
         return field, "unknown key; remove it or check its spelling (see docs/spec.md)"
@@ -107,11 +145,25 @@ def spec_error_from(exc: ValidationError) -> SpecError:
     return error_cls(message + (more if len(errors) > 1 else ""), field=field)
 
 
+def _non_finite(value: Any, path: FieldPath = ()) -> FieldPath | None:
+    """The path of the first NaN or infinity in `value`, if any."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else path
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        if (found := _non_finite(item, (*path, key))) is not None:
+            return found
+    return None
+
+
 def _to_json(data: dict[str, Any]) -> str:
     try:
         return json.dumps(data, default=str, allow_nan=False)
     except ValueError:
-        raise SpecError("the spec holds NaN or infinity; use finite numbers") from None
+        where = _non_finite(data)
+        raise SpecError(
+            "is NaN or infinite; use a finite number", field=dotted(where) if where else None
+        ) from None
 
 
 def validate_spec(data: dict[str, Any]) -> RunSpec:

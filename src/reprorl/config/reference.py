@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -87,3 +88,21 @@ def render_reference() -> str:
     out: list[str] = []
     _section(RunSpec, "", out, set())
     return "\n".join(out).rstrip() + "\n"
+
+
+def update_file(path: Path) -> bool:
+    """Rewrite the generated section of `path`; True when it changed."""
+    text = path.read_text(encoding="utf-8")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    new = f"{head}{BEGIN}\n\n{render_reference()}\n{END}{tail}"
+    if new != text:
+        path.write_text(new, encoding="utf-8")
+    return new != text
+
+
+if __name__ == "__main__":
+    import sys
+
+    for name in sys.argv[1:]:
+        print(f"{name}: {'updated' if update_file(Path(name)) else 'current'}")

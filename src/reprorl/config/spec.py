@@ -7,9 +7,9 @@ before step 0, so a result can always be traced back to exactly this document.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from reprorl.hashing import content_hash
 from reprorl.refs import ArtifactRef
@@ -50,6 +50,12 @@ class FullFineTune(SpecModel):
     kind: Literal["full"] = "full"
 
 
+def _adapter_kind(value: Any) -> str:
+    # A table without `kind` is a LoRA adapter, so `model.adapter.rank=4` works on its own.
+    kind = value.get("kind", "lora") if isinstance(value, dict) else getattr(value, "kind", "lora")
+    return str(kind)
+
+
 class ModelSpec(SpecModel):
     """Which weights the run starts from and which of them it trains."""
 
@@ -58,9 +64,14 @@ class ModelSpec(SpecModel):
     init_adapter: ArtifactRef | None = Field(
         default=None, description="Adapter to start from (e.g. an SFT warm start); none = fresh."
     )
-    adapter: LoraAdapter | FullFineTune = Field(
-        default_factory=LoraAdapter, discriminator="kind", description="What is trained."
-    )
+    adapter: Annotated[
+        Annotated[LoraAdapter, Tag("lora")] | Annotated[FullFineTune, Tag("full")],
+        Discriminator(
+            _adapter_kind,
+            custom_error_type="adapter_kind",
+            custom_error_message="adapter kind must be 'lora' or 'full'",
+        ),
+    ] = Field(default_factory=LoraAdapter, description="What is trained; `kind` defaults to 'lora'.")
     chat_template: ArtifactRef | None = Field(
         default=None, description="Override of the model's own chat template; none = its own."
     )

@@ -51,8 +51,11 @@ def write_atomic(target: Path, data: bytes, *, mode: int = 0o644) -> None:
 
 def append_durable(target: Path, line: bytes) -> None:
     """Append one line and fsync; a crash can at most leave a torn last line, which readers skip."""
-    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(target, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            line = b"\n" + line  # end a torn last line first, so this line stays whole
         view = memoryview(line)
         while view:
             view = view[os.write(fd, view) :]

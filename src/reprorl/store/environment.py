@@ -14,7 +14,7 @@ from typing import Any
 
 GIT_TIMEOUT_S = 10.0
 MAX_DIFF_BYTES = 2 << 20
-_CREDENTIALS = re.compile(r"://([^:/@]+):[^@/]+@")
+_CREDENTIALS = re.compile(r"://([^:/@]*):[^@/]+@")
 
 
 def _run(args: list[str], cwd: Path) -> str | None:

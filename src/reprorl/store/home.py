@@ -8,6 +8,7 @@ Nothing is created on disk until something is written.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from functools import cached_property
@@ -113,7 +114,11 @@ class Store:
         parsed = parse_ref(ref)
         if parsed.name is None and parsed.is_pinned:
             address = f"sha256:{parsed.digest}"
-            found = self.registry.lookup(None, digest=parsed.digest) if self.has_registry() else None
+            # A full hash pins content by itself; the registry only adds a name if it knows one.
+            found = None
+            if self.has_registry():
+                with contextlib.suppress(ArtifactNotFoundError):
+                    found = self.registry.lookup(None, digest=parsed.digest)
             return Resolved(parsed, address, found)
         self._require_registry(ref)
         version = self.registry.lookup(parsed.name, seq=parsed.seq, digest=parsed.digest)

@@ -9,9 +9,13 @@ from typing import Any
 HASH_PREFIX = "sha256:"
 
 
-def canonical_json(value: Any) -> str:
-    """Serialise `value` so equal values give identical text: sorted keys, no spaces, UTF-8."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+def canonical_json(value: Any, *, allow_nan: bool = False) -> str:
+    """Serialise `value` so equal values give identical text: sorted keys, no spaces, UTF-8.
+
+    Hashed documents refuse NaN and infinity (JSON has no such numbers); measurement logs, where
+    a NaN loss is a fact worth keeping, pass `allow_nan=True`.
+    """
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=allow_nan)
 
 
 def sha256_hex(data: bytes) -> str:

@@ -20,7 +20,7 @@ from typing import Any, BinaryIO
 
 from reprorl.errors import ArtifactNotFoundError, IntegrityError, StoreError, UserInputError
 from reprorl.hashing import HASH_PREFIX, canonical_json, is_full_hash
-from reprorl.store.atomic import atomic_writer
+from reprorl.store.atomic import atomic_writer, fsync_dir
 
 CHUNK = 1 << 20
 TREE_FORMAT = "reprorl.tree/1"
@@ -85,6 +85,7 @@ class ContentStore:
             else:
                 final.parent.mkdir(parents=True, exist_ok=True)
                 staging.replace(final)
+                fsync_dir(final.parent)
         except OSError as exc:
             staging.unlink(missing_ok=True)
             raise StoreError(f"could not store object {address}: {exc}") from exc
@@ -128,7 +129,10 @@ class ContentStore:
             while chunk := handle.read(CHUNK):
                 hasher.update(chunk)
                 yield chunk
-        actual = HASH_PREFIX + hasher.hexdigest()
+        self._check(address, HASH_PREFIX + hasher.hexdigest(), label)
+
+    @staticmethod
+    def _check(address: str, actual: str, label: str) -> None:
         if actual != address:
             raise IntegrityError(
                 f"{label}: stored bytes are corrupt (expected {address[:19]}…, read {actual[:19]}…)",
@@ -139,7 +143,11 @@ class ContentStore:
 
     def get_bytes(self, address: str, *, label: str | None = None) -> bytes:
         """The blob's bytes, after checking they still hash to `address`."""
-        return b"".join(self._verified_chunks(address, label or address))
+        name = label or address
+        with self._open(address, name) as handle:
+            data = handle.read()
+        self._check(address, HASH_PREFIX + hashlib.sha256(data).hexdigest(), name)
+        return data
 
     def verify(self, address: str, *, label: str | None = None) -> None:
         for _ in self._verified_chunks(address, label or address):

@@ -30,7 +30,12 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from reprorl.errors import AmbiguousReferenceError, ArtifactNotFoundError, RegistryError
+from reprorl.errors import (
+    AmbiguousReferenceError,
+    ArtifactNotFoundError,
+    RegistryError,
+    RunNotFoundError,
+)
 from reprorl.hashing import HASH_PREFIX
 
 ARTIFACT_KINDS = ("file", "tree", "taskset", "model", "adapter", "env", "suite", "spec", "tools")
@@ -239,9 +244,12 @@ class Registry:
 
     def link(self, child: str, parent: str, relation: str, run_id: str | None = None) -> None:
         """Record that `child` was made from `parent` (e.g. adapter ← base model)."""
-        with self.session() as s:
-            if s.get(LineageRow, (child, parent, relation)) is None:
-                s.add(LineageRow(child=child, parent=parent, relation=relation, run_id=run_id))
+        try:
+            with self.session() as s:
+                if s.get(LineageRow, (child, parent, relation)) is None:
+                    s.add(LineageRow(child=child, parent=parent, relation=relation, run_id=run_id))
+        except sa_exc.IntegrityError:
+            pass  # a concurrent writer recorded the same edge first
 
     def parents(self, child: str) -> list[tuple[str, str, str | None]]:
         with self.session() as s:
@@ -256,17 +264,24 @@ class Registry:
     # -- runs ----------------------------------------------------------------------------------
 
     def add_run(self, entry: RunEntry, inputs: dict[str, str]) -> None:
+        try:
+            with self.session() as s:
+                s.add(RunRow(**entry.__dict__))
+                s.flush()
+                for role, address in sorted(inputs.items()):
+                    s.add(RunArtifactRow(run_id=entry.run_id, hash=address, role=role))
+        except sa_exc.IntegrityError:
+            raise RegistryError(f"run {entry.run_id} is already in the registry") from None
+
+    def has_run(self, run_id: str) -> bool:
         with self.session() as s:
-            s.add(RunRow(**entry.__dict__))
-            s.flush()
-            for role, address in sorted(inputs.items()):
-                s.add(RunArtifactRow(run_id=entry.run_id, hash=address, role=role))
+            return s.get(RunRow, run_id) is not None
 
     def set_run_status(self, run_id: str, status: str, ended_at: datetime | None) -> None:
         with self.session() as s:
             row = s.get(RunRow, run_id)
             if row is None:
-                raise ArtifactNotFoundError(f"run {run_id} is not in the registry")
+                raise RunNotFoundError(f"run {run_id} is not in the registry")
             row.status = status
             row.ended_at = ended_at
 

@@ -8,12 +8,15 @@ atomically; each log line carries a checksum so a torn or edited line is detecte
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import shutil
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,9 +33,20 @@ RECORD_FORMAT = "reprorl.run/1"
 IMMUTABLE_FILES = ("spec.json", "run.json")
 
 
+_last_id_time = datetime.min.replace(tzinfo=UTC)
+_id_lock = threading.Lock()
+
+
 def new_run_id(now: datetime | None = None) -> str:
-    """Unique and sortable by creation time: UTC timestamp to the microsecond, then random hex."""
-    now = now or datetime.now(UTC)
+    """Unique and sortable by creation time: UTC timestamp to the microsecond, then random hex.
+
+    Within one process, ids made in the same microsecond get successive microseconds, so their
+    order is their creation order; the random part keeps processes apart.
+    """
+    global _last_id_time
+    with _id_lock:
+        now = max(now or datetime.now(UTC), _last_id_time + timedelta(microseconds=1))
+        _last_id_time = now
     return f"{now:%Y%m%dT%H%M%S%fZ}-{secrets.token_hex(3)}"
 
 
@@ -41,7 +55,7 @@ def _now() -> str:
 
 
 def _line(record: dict[str, Any]) -> bytes:
-    body = canonical_json(record)
+    body = canonical_json(record, allow_nan=True)
     return (
         json.dumps({"sha": sha256_hex(body.encode())[:16], "rec": record}, sort_keys=True) + "\n"
     ).encode()
@@ -64,7 +78,7 @@ def read_log(path: Path) -> LogReadResult:
             try:
                 wrapped = json.loads(raw)
                 record = wrapped["rec"]
-                if sha256_hex(canonical_json(record).encode())[:16] != wrapped["sha"]:
+                if sha256_hex(canonical_json(record, allow_nan=True).encode())[:16] != wrapped["sha"]:
                     raise ValueError("checksum mismatch")
                 records.append(record)
             except (ValueError, KeyError, TypeError):
@@ -105,6 +119,8 @@ class RunRecord:
         if final.exists():
             raise RecordError(f"run {run_id} already exists")
         staging = store.runs_dir / f".tmp-{run_id}"
+        _sweep_staging(store.runs_dir)
+        shutil.rmtree(staging, ignore_errors=True)  # a killed earlier attempt at this very id
         started = _now()
         info = {
             "format": RECORD_FORMAT,
@@ -198,10 +214,20 @@ class RunRecord:
         ended = _now() if status in FINAL_STATUSES else None
         body = {"status": status, "updated_at": _now(), "ended_at": ended, **details}
         write_atomic(self.path / "status.json", _pretty(body))
+        if not self.store.registry.has_run(self.run_id):
+            self._reindex()  # the process died between writing the folder and indexing it
         self.store.registry.set_run_status(
             self.run_id, status, datetime.fromisoformat(ended) if ended else None
         )
         self.event("status", status=status, **details)
+
+    def _reindex(self) -> None:
+        info = self.info()
+        created = datetime.fromisoformat(info["created_at"])
+        entry = RunEntry(
+            self.run_id, info["name"], info["spec_hash"], "created", str(self.path), created, None
+        )
+        self.store.registry.add_run(entry, info["inputs"])
 
     def write_json(self, name: str, value: Any) -> Path:
         """Write an extra record document into the run folder, atomically."""
@@ -210,6 +236,15 @@ class RunRecord:
         target = self.path / name
         write_atomic(target, _pretty(value))
         return target
+
+
+def _sweep_staging(runs_dir: Path, older_than_s: float = 3600.0) -> None:
+    """Remove run folders that a killed `create` left half-staged."""
+    cutoff = time.time() - older_than_s
+    for path in runs_dir.glob(".tmp-*"):
+        with contextlib.suppress(OSError):
+            if path.stat().st_mtime < cutoff:
+                shutil.rmtree(path, ignore_errors=True)
 
 
 def iter_runs(store: Store) -> Iterator[str]:

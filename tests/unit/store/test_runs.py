@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -345,8 +346,64 @@ def test_environment_masks_secrets(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
 
 
 def test_run_record_does_not_store_the_db_password(monkeypatch: pytest.MonkeyPatch, store: Store) -> None:
-    monkeypatch.setenv("REPRORL_DB_URL", "postgresql+psycopg://alice:hunter2@db.example:5432/reprorl")
+    # Made at run time: a literal would also appear in the git diff that run.json records.
+    password = secrets.token_hex(8)
+    monkeypatch.setenv("REPRORL_DB_URL", f"postgresql+psycopg://alice:{password}@db.example:5432/reprorl")
     record = create(store)  # the store was given its own root and SQLite registry before the env var
     text = (record.path / "run.json").read_text()
-    assert "hunter2" not in text
+    assert password not in text
     assert record.info()["environment"]["env"]["REPRORL_DB_URL"].endswith("alice:***@db.example:5432/reprorl")
+
+
+def test_ids_made_in_the_same_microsecond_keep_creation_order() -> None:
+    from datetime import UTC, datetime
+
+    instant = datetime(2030, 1, 1, tzinfo=UTC)
+    ids = [new_run_id(instant) for _ in range(50)]
+    assert ids == sorted(ids)
+    assert len(set(ids)) == 50
+
+
+def test_non_finite_metrics_are_kept(store: Store) -> None:
+    record = create(store)
+    record.log_metrics(1, {"loss": float("nan"), "grad_norm": float("inf")})
+    result = record.metrics()
+    assert result.bad_lines == []
+    value = result.records[0]
+    assert value["loss"] != value["loss"] and value["grad_norm"] == float("inf")
+
+
+def test_retry_after_a_killed_create_with_the_same_id(store: Store) -> None:
+    run_id = new_run_id()
+    store.runs_dir.mkdir(parents=True)
+    leftover = store.runs_dir / f".tmp-{run_id}"
+    leftover.mkdir()
+    (leftover / "spec.json").write_text("{half")
+    record = create(store, run_id=run_id)
+    assert record.run_id == run_id and not leftover.exists()
+    assert list(iter_runs(store)) == [run_id]
+
+
+def test_status_reindexes_a_run_missing_from_the_registry(store: Store) -> None:
+    from reprorl.store.registry import RunRow
+
+    record = create(store)
+    with store.registry.session() as s:  # as if the process died before indexing the run
+        s.delete(s.get(RunRow, record.run_id))
+    assert not store.registry.has_run(record.run_id)
+    record.set_status("running")
+    assert store.registry.runs()[0].status == "running"
+    assert store.registry.run_artifacts(record.run_id) == record.info()["inputs"]
+
+
+def test_registry_run_errors_are_reprorl_errors(store: Store) -> None:
+    from reprorl.errors import RegistryError
+    from reprorl.store import RunEntry
+
+    record = create(store)
+    entry = store.registry.runs()[0]
+    with pytest.raises(RegistryError, match="already in the registry"):
+        store.registry.add_run(RunEntry(**{**entry.__dict__}), {})
+    with pytest.raises(RunNotFoundError):
+        store.registry.set_run_status("nope", "running", None)
+    assert record.status()["status"] == "created"

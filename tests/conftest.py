@@ -24,6 +24,8 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from reprorl.store import Store
+
 PG_START_TIMEOUT_S = 30.0
 PG_CMD_TIMEOUT_S = 60.0
 
@@ -229,3 +231,13 @@ def registry_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
         yield make_url(pg_url).set(database=name).render_as_string(hide_password=False)
     finally:
         _drop_database(pg_url, name)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    """A store under a fresh root with its default SQLite registry."""
+    st = Store(root=tmp_path / "home")
+    try:
+        yield st
+    finally:
+        st.close()

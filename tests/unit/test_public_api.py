@@ -17,5 +17,7 @@ def test_every_exported_name_resolves() -> None:
 def test_import_does_not_pull_in_torch() -> None:
     # The records and the store are used by tools that never train; they must not pay for torch.
     code = "import sys, reprorl; print('torch' in sys.modules)"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
     assert done.stdout.strip() == "False"

@@ -6,7 +6,7 @@ import hashlib
 import os
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,15 +24,6 @@ def addr(data: bytes) -> str:
 @pytest.fixture
 def blobs(tmp_path: Path) -> ContentStore:
     return ContentStore(tmp_path / "home")
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    st = Store(root=tmp_path / "home")
-    try:
-        yield st
-    finally:
-        st.close()
 
 
 def make_tree(root: Path, files: dict[str, bytes], executable: tuple[str, ...] = ()) -> Path:

@@ -6,7 +6,6 @@ import hashlib
 import json
 import secrets
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +18,6 @@ from reprorl.store.environment import capture_environment
 
 SPEC: dict[str, Any] = {"name": "demo", "seed": 7, "tasks": "calc-train@sha256:" + "a" * 64, "lr": 1e-4}
 RECORD_FILES = {"spec.json", "run.json", "status.json", "checksums.json", "metrics.jsonl", "events.jsonl"}
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    st = Store(root=tmp_path / "home")
-    try:
-        yield st
-    finally:
-        st.close()
 
 
 def create(store: Store, spec: dict[str, Any] | None = None, **kwargs: Any) -> RunRecord:

@@ -59,6 +59,7 @@ class Termination(StrEnum):
     ANSWERED = "answered"
     MAX_TURNS = "max_turns"
     MAX_TOKENS = "max_tokens"
+    MAX_WALL_TIME = "max_wall_time"
     TOOL_TIMEOUT = "tool_timeout"
     INVALID_ACTION = "invalid_action"
     SANDBOX_ERROR = "sandbox_error"
@@ -107,6 +108,10 @@ class Task(Record):
     prompt: tuple[Message, ...] = Field(min_length=1)
     tools: tuple[str, ...] = ()
     reference: JsonValue = None
+    setup: JsonValue = Field(
+        default=None, description="Initial environment state (rows, files) the env builds; not hidden."
+    )
+    difficulty: int = Field(default=0, ge=0, description="Generator's difficulty level; 0 = unrated.")
     split: Split = Split.TRAIN
     tags: tuple[str, ...] = ()
     reference_steps: int | None = Field(default=None, ge=0)
@@ -199,6 +204,10 @@ class ToolResult(Record):
     original_chars: int | None = Field(
         default=None, ge=0, description="Length before truncation, when the output was cut."
     )
+    noise: str | None = Field(
+        default=None,
+        description="Injected noise that shaped this result (timeout, transient, stale, truncate).",
+    )
 
 
 class Turn(Record):
@@ -259,6 +268,9 @@ class Trajectory(Record):
     completion_tokens: int = Field(default=0, ge=0)
     cost_usd: float = Field(default=0.0, ge=0.0)
     wall_s: float = Field(default=0.0, ge=0.0)
+    sandbox: dict[str, JsonValue] = Field(
+        default_factory=dict, description="The episode's sandbox: limits, isolation achieved, restarts."
+    )
 
     def tool_outcomes(self) -> list[ToolOutcome]:
         return [r.outcome for turn in self.turns for r in turn.tool_results]

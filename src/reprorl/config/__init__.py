@@ -18,6 +18,7 @@ from reprorl.config.spec import (
     LearningSpec,
     LoraAdapter,
     ModelSpec,
+    NoiseSpec,
     RollbackRule,
     RunSpec,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "LearningSpec",
     "LoraAdapter",
     "ModelSpec",
+    "NoiseSpec",
     "ParsedRef",
     "RefError",
     "RollbackRule",

@@ -77,6 +77,27 @@ class ModelSpec(SpecModel):
     )
 
 
+class NoiseSpec(SpecModel):
+    """Tool noise injected on purpose, seeded per episode, part of the environment's version."""
+
+    latency_s: float = Field(default=0.0, ge=0.0, le=60.0, description="Added latency per tool call.")
+    jitter_s: float = Field(default=0.0, ge=0.0, le=60.0, description="Uniform extra latency, 0..jitter.")
+    timeout_p: float = Field(default=0.0, ge=0.0, le=1.0, description="Chance a call times out.")
+    transient_error_p: float = Field(
+        default=0.0, ge=0.0, le=1.0, description="Chance a call fails with a retryable infra error."
+    )
+    stale_p: float = Field(
+        default=0.0, ge=0.0, le=1.0, description="Chance a read-only call sees the episode's start state."
+    )
+    truncate_p: float = Field(
+        default=0.0, ge=0.0, le=1.0, description="Chance a call's output is cut short (and flagged)."
+    )
+
+    @property
+    def active(self) -> bool:
+        return any(v > 0 for v in self.model_dump().values())
+
+
 class DataSpec(SpecModel):
     """What the agent practises on and in which environments."""
 
@@ -88,9 +109,13 @@ class DataSpec(SpecModel):
     tool_output_chars: int = Field(
         default=4096, gt=0, description="Tool output longer than this is truncated and flagged."
     )
-    noise: dict[str, float] = Field(
-        default_factory=dict,
-        description="Named noise settings (e.g. tool failure injection rates), each recorded.",
+    noise: NoiseSpec = Field(default_factory=NoiseSpec, description="Tool noise injection.")
+    reward_weights: dict[str, float] = Field(
+        default_factory=lambda: {"outcome": 1.0},
+        description="Weight of each reward component in the total; unlisted components count 0.",
+    )
+    max_invalid_actions: int = Field(
+        default=3, ge=1, description="Consecutive unparsable or invalid actions that end an episode."
     )
 
 

@@ -32,7 +32,7 @@ owner = "data-team@example.com"
 train = "train-set@v1"
 envs = ["calc-env@v1", "search-env@v1"]
 tool_output_chars = 2048
-noise = { tool_failure = 0.1 }
+noise = { timeout_p = 0.1 }
 
 [learning]
 owner = "rl-team@example.com"
@@ -178,7 +178,7 @@ CASES: list[Case] = [
     case("bool-string", edit(("allow_leakage = false", 'allow_leakage = "no"')), "evaluation.allow_leakage"),
     case("adapter-rank-string", edit(("rank = 8", 'rank = "8"')), "model.adapter.rank"),
     case("kl-scalar", edit(('kl = { estimator = "k3", coef = 0.01 }', "kl = 0.01")), "learning.kl"),
-    case("noise-string", edit(("tool_failure = 0.1", 'tool_failure = "high"')), "data.noise.tool_failure"),
+    case("noise-string", edit(("timeout_p = 0.1", 'timeout_p = "high"')), "data.noise.timeout_p"),
     case("budget-array-of-tables", edit(("[budget]", "[[budget]]")), "budget"),
     # -- constraints: ranges, choices, lengths --------------------------------------------------
     case("seed-negative", edit(("seed = 7", "seed = -1")), "seed"),
@@ -220,7 +220,7 @@ CASES: list[Case] = [
     # -- NaN and infinity -----------------------------------------------------------------------
     case("lr-nan", edit(("lr = 5e-5", "lr = nan")), "learning.lr"),
     case("clip-high-inf", edit(("clip_high = 0.28", "clip_high = inf")), "learning.clip_high"),
-    case("noise-minus-inf", edit(("tool_failure = 0.1", "tool_failure = -inf")), "data.noise.tool_failure"),
+    case("noise-minus-inf", edit(("timeout_p = 0.1", "timeout_p = -inf")), "data.noise.timeout_p"),
     case("threshold-nan", edit(("success = 0.5 }", "success = nan }")), "evaluation.thresholds.success"),
     case(
         "rollback-threshold-inf",

@@ -1,0 +1,1 @@
+"""Built-in env families: calculator, sql, files."""

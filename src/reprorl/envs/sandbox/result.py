@@ -1,0 +1,107 @@
+"""The outcome of one sandboxed tool call, with every way it can fail told apart."""
+
+from __future__ import annotations
+
+import os
+import signal as signal_module
+from dataclasses import asdict, dataclass
+from typing import Any
+
+MAX_ERROR_CHARS = 2000
+MAX_ERROR_TYPE_CHARS = 200
+
+TIMEOUT_ERROR = "TimeoutError"
+CRASH_ERROR = "SandboxCrashed"
+PROTOCOL_ERROR = "SandboxProtocolError"
+
+
+@dataclass(frozen=True)
+class CallResult:
+    """What a tool call returned or how it failed; a failure of the tool is data, never an exception."""
+
+    ok: bool
+    value: str
+    error_type: str | None
+    """Class name of the exception the tool raised; TimeoutError, SandboxCrashed or
+    SandboxProtocolError when the sandbox itself failed."""
+    error: str | None
+    timed_out: bool
+    crashed: bool
+    """The sandbox process died during the call (a signal such as SIGXCPU, or an exit)."""
+    duration_s: float
+    output_chars: int = 0
+    """Length of the tool's full result; larger than `len(value)` when it was cut."""
+    signal: int | None = None
+    """The signal that killed the sandbox process, when it was killed by one."""
+
+    @property
+    def truncated(self) -> bool:
+        return self.output_chars > len(self.value)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "truncated": self.truncated}
+
+
+def bounded(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def timed_out(timeout_s: float, duration_s: float) -> CallResult:
+    return CallResult(
+        ok=False,
+        value="",
+        error_type=TIMEOUT_ERROR,
+        error=f"the call ran past its wall-clock limit of {timeout_s:g} s; its processes were killed",
+        timed_out=True,
+        crashed=False,
+        duration_s=duration_s,
+    )
+
+
+def crashed(status: int | None, duration_s: float, detail: str = "") -> CallResult:
+    """A call whose sandbox process died; `status` is the raw wait status, None when unknown."""
+    signum: int | None = None
+    if status is None:
+        what = "the sandbox process died (exit status unknown)"
+    elif (sig := _signal_of(status)) is not None:
+        signum = sig
+        what = f"the sandbox process was killed by {_signal_name(sig)}"
+    else:
+        what = f"the sandbox process exited with code {_exit_code(status)}"
+    return CallResult(
+        ok=False,
+        value="",
+        error_type=CRASH_ERROR,
+        error=bounded(f"{what}{' (' + detail + ')' if detail else ''}"),
+        timed_out=False,
+        crashed=True,
+        duration_s=duration_s,
+        signal=signum,
+    )
+
+
+def protocol_violation(detail: str, duration_s: float) -> CallResult:
+    return CallResult(
+        ok=False,
+        value="",
+        error_type=PROTOCOL_ERROR,
+        error=bounded(f"the sandbox process broke the call protocol ({detail}); it was killed"),
+        timed_out=False,
+        crashed=True,
+        duration_s=duration_s,
+    )
+
+
+def _signal_of(status: int) -> int | None:
+    return os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+
+
+def _exit_code(status: int) -> int:
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else status
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal_module.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

@@ -1,0 +1,86 @@
+"""Verifiers: outcome rewards computed from the final state of an episode, never from the agent's claims.
+
+A verifier sees the task (with its hidden reference), the agent's final answer, and the sandbox's
+work directory after every process in it was stopped. It returns named components in [0, 1];
+the total is a weighted sum whose weights live in the run spec. A verifier's version is the hash
+of its code and settings, and is stored on every reward it produced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import stat
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from reprorl.hashing import code_fingerprint, content_hash
+from reprorl.types import Reward, Task, Termination
+
+MAX_READ_BYTES = 16 << 20
+
+
+class StateAccessError(PermissionError):
+    """The verifier was asked to read something outside the final state, or through a link."""
+
+
+@dataclass(frozen=True)
+class FinalState:
+    """What the episode left behind: the answer (if any) and the frozen work directory."""
+
+    answer: str | None
+    workdir: Path
+    termination: Termination
+
+    def path(self, relative: str) -> Path:
+        """A regular file inside the work directory; links and escapes are refused.
+
+        The agent controlled this directory, so a symlink could point a verifier at anything.
+        """
+        root = self.workdir.resolve()
+        candidate = (root / relative).resolve()
+        if candidate != root and root not in candidate.parents:
+            raise StateAccessError(f"{relative!r} is outside the work directory")
+        current = root
+        for part in candidate.relative_to(root).parts:
+            current = current / part
+            if current.is_symlink():
+                raise StateAccessError(f"{relative!r} goes through a symbolic link")
+        return candidate
+
+    def read_text(self, relative: str) -> str | None:
+        """The file's text, or None when it does not exist (a missing file is a state, not a crash)."""
+        path = self.path(relative)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return None
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise StateAccessError(f"{relative!r} is not a regular file")
+            return handle.read(MAX_READ_BYTES).decode("utf-8", "replace")
+
+
+class Verifier(ABC):
+    """Scores an episode's outcome; subclasses are small, deterministic and side-effect free."""
+
+    name: ClassVar[str] = "outcome"
+
+    @abstractmethod
+    def score(self, task: Task, state: FinalState) -> dict[str, float]:
+        """Named components in [0, 1]; the one named `self.name` is the outcome."""
+
+    @property
+    def version(self) -> str:
+        """Hash of the verifier's code (its module and sibling helpers) and its settings."""
+        settings = dataclasses.asdict(self) if dataclasses.is_dataclass(self) else {}  # type: ignore[call-overload]
+        code = code_fingerprint(*type(self).__mro__)
+        return content_hash({"verifier": type(self).__qualname__, "code": code, "settings": settings})
+
+
+def compose(components: dict[str, float], weights: dict[str, float], verifier_version: str) -> Reward:
+    """The weighted total of the components; unlisted components are kept but weigh nothing."""
+    total = sum(weights.get(name, 0.0) * value for name, value in components.items())
+    return Reward(total=total, components=dict(sorted(components.items())), verifier_version=verifier_version)

@@ -1,0 +1,1 @@
+"""Outcome verifiers of the built-in env families."""

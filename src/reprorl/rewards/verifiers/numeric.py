@@ -1,0 +1,36 @@
+"""Numeric answers: the last number in the agent's final answer must equal the reference."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from reprorl.rewards.base import FinalState, Verifier
+from reprorl.types import Task
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def last_number(text: str) -> float | None:
+    found = _NUMBER.findall(text)
+    if not found:
+        return None
+    try:
+        return float(found[-1].replace(",", ""))
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class NumericAnswer(Verifier):
+    """1.0 when the final answer's last number matches `reference['answer']`, else 0.0."""
+
+    rel_tol: float = 1e-6
+
+    def score(self, task: Task, state: FinalState) -> dict[str, float]:
+        assert isinstance(task.reference, dict), "numeric tasks carry {'answer': number}"
+        expected = float(task.reference["answer"])  # type: ignore[arg-type]
+        given = last_number(state.answer or "")
+        correct = given is not None and math.isclose(given, expected, rel_tol=self.rel_tol, abs_tol=1e-9)
+        return {self.name: 1.0 if correct else 0.0}

@@ -1,0 +1,204 @@
+"""One episode: a policy acting in a fresh env and sandbox, scored by an isolated verifier.
+
+Every way an episode can go wrong ends in a `Trajectory` with a termination reason and the details,
+never in an exception: the model's bad output, a tool's failure, a dead sandbox, a verifier that
+hangs, a policy server that stops answering. Limits on turns, tokens and wall time are enforced here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from reprorl.actions import parse_action
+from reprorl.envs.base import ToolEnv
+from reprorl.envs.sandbox import SandboxPool
+from reprorl.rewards import FinalState, Verifier, VerifierRunner, compose, process_components, step_scores
+from reprorl.types import (
+    Message,
+    Role,
+    SamplingParams,
+    Split,
+    Task,
+    Termination,
+    Trajectory,
+    Turn,
+)
+
+
+@dataclass(frozen=True)
+class PolicyOutput:
+    """One sampled reply: its text, and (for model policies) its tokens and their logprobs."""
+
+    text: str
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[float, ...] = ()
+    prompt_token_ids: tuple[int, ...] = ()
+    policy_version: str = ""
+    finish_reason: str = "stop"
+
+
+class Policy(Protocol):
+    """Anything that answers a conversation: a model, a server, a script."""
+
+    async def act(
+        self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], *, seed: int
+    ) -> PolicyOutput: ...
+
+
+Script = Callable[[Task, Sequence[Message]], str]
+
+
+class ScriptedPolicy:
+    """A policy that follows a script; oracles and probes use it (a script may read the task)."""
+
+    def __init__(self, task: Task, script: Script, name: str = "scripted") -> None:
+        self.task, self.script, self.name = task, script, name
+
+    async def act(
+        self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], *, seed: int
+    ) -> PolicyOutput:
+        return PolicyOutput(text=self.script(self.task, messages), policy_version=f"script:{self.name}")
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    """Per-episode limits; reaching one ends the episode with the matching termination."""
+
+    max_turns: int = 8
+    max_tokens: int = 4096
+    wall_s: float = 120.0
+
+
+@dataclass(frozen=True)
+class EpisodeIds:
+    run_id: str
+    rollout_id: str
+    group_id: str = ""
+    seed: int = 0
+
+
+@dataclass
+class _Progress:
+    turns: list[Turn] = field(default_factory=list)
+    completion_tokens: int = 0
+    termination: Termination | None = None
+    error: str | None = None
+
+
+async def run_episode(
+    env: ToolEnv,
+    task: Task,
+    policy: Policy,
+    *,
+    verifier: Verifier,
+    sandboxes: SandboxPool,
+    verifiers: VerifierRunner,
+    ids: EpisodeIds,
+    limits: EpisodeLimits | None = None,
+    weights: dict[str, float] | None = None,
+    sampling: SamplingParams | None = None,
+) -> Trajectory:
+    """Run `policy` on `task` in `env` and return the complete record, whatever happens."""
+    limits = limits or EpisodeLimits()
+    started = time.perf_counter()
+    progress = _Progress()
+    reward = None
+    sandbox_info: dict[str, Any] = {}
+    try:
+        async with sandboxes.open() as sandbox:
+            sandbox_info = sandbox.info()
+            try:
+                async with asyncio.timeout(limits.wall_s):
+                    await _loop(env, task, policy, ids, limits, progress, sandbox)
+            except TimeoutError:
+                progress.termination = Termination.MAX_WALL_TIME
+            await sandbox.freeze()  # nothing the agent started may change the state being judged
+            sandbox_info = sandbox.info()
+            if progress.termination not in _NOT_SCORED:
+                termination = progress.termination or Termination.INFRA_ERROR
+                state = FinalState(env.final_answer, sandbox.workdir, termination)
+                components, failure = await verifiers.score(verifier, task, state)
+                if components is None:
+                    progress.error = failure
+                else:
+                    if termination == Termination.UNSAFE_ACTION:
+                        components[verifier.name] = 0.0  # no credit for a state reached by damage
+                    components.update(process_components(progress.turns))
+                    reward = compose(components, weights or {"outcome": 1.0}, verifier.version)
+    except Exception as exc:  # the platform failed (sandbox could not start, policy server down)
+        progress.termination = Termination.INFRA_ERROR
+        progress.error = f"{type(exc).__name__}: {str(exc)[:500]}"
+    return Trajectory(
+        run_id=ids.run_id,
+        rollout_id=ids.rollout_id,
+        group_id=ids.group_id,
+        split=task.split if isinstance(task.split, Split) else Split(task.split),
+        task_id=task.id,
+        task_hash=task.content_hash,
+        env_version=type(env).version(env.config),
+        tool_versions={t.name: t.version for t in env.tools},
+        policy_version=progress.turns[-1].policy_version if progress.turns else "",
+        sampling=sampling or SamplingParams(seed=ids.seed),
+        turns=tuple(progress.turns),
+        reward=reward,
+        process_rewards=step_scores(progress.turns),
+        termination=progress.termination or Termination.INFRA_ERROR,
+        error=progress.error,
+        completion_tokens=progress.completion_tokens,
+        wall_s=time.perf_counter() - started,
+        sandbox=sandbox_info,
+    )
+
+
+_NOT_SCORED = frozenset({Termination.INFRA_ERROR, Termination.SANDBOX_ERROR})
+
+
+async def _loop(
+    env: ToolEnv,
+    task: Task,
+    policy: Policy,
+    ids: EpisodeIds,
+    limits: EpisodeLimits,
+    progress: _Progress,
+    sandbox: Any,
+) -> None:
+    observation = await env.start(task, sandbox)
+    messages = list(observation.messages)
+    for index in range(limits.max_turns):
+        sample_start = time.perf_counter()
+        output = await policy.act(messages, observation.tools, seed=ids.seed + index)
+        sample_s = time.perf_counter() - sample_start
+        progress.completion_tokens += len(output.token_ids)
+        action = parse_action(output.text, turn_id=f"{ids.rollout_id}.{index}")
+        tool_start = time.perf_counter()
+        step = await env.step(action)
+        progress.turns.append(
+            Turn(
+                index=index,
+                prompt_token_ids=output.prompt_token_ids,
+                token_ids=output.token_ids,
+                logprobs=output.logprobs,
+                text=output.text,
+                tool_calls=action.tool_calls,
+                tool_results=step.tool_results,
+                policy_version=output.policy_version,
+                finish_reason="tool_call"
+                if action.tool_calls
+                else ("length" if output.finish_reason == "length" else "stop"),
+                sample_s=sample_s,
+                tool_s=time.perf_counter() - tool_start,
+            )
+        )
+        messages.append(Message(role=Role.ASSISTANT, content=output.text))
+        messages.extend(step.observation)
+        if step.done:
+            progress.termination = step.termination
+            return
+        if progress.completion_tokens >= limits.max_tokens:
+            progress.termination = Termination.MAX_TOKENS
+            return
+    progress.termination = Termination.MAX_TURNS

@@ -1,0 +1,145 @@
+"""Verifiers judge the final state safely; composition and process rewards; isolation with limits."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from reprorl.rewards import (
+    FinalState,
+    StateAccessError,
+    Verifier,
+    VerifierRunner,
+    compose,
+    process_components,
+)
+from reprorl.rewards.verifiers.numeric import NumericAnswer, last_number
+from reprorl.types import Message, Role, Task, Termination, ToolOutcome, ToolResult, Turn
+
+TASK = Task(
+    id="t", family="calculator", prompt=(Message(role=Role.USER, content="?"),), reference={"answer": 1234}
+)
+
+
+def _state(tmp_path: Path, answer: str | None) -> FinalState:
+    return FinalState(answer=answer, workdir=tmp_path, termination=Termination.ANSWERED)
+
+
+@pytest.mark.parametrize(
+    ("answer", "score"),
+    [
+        ("1234", 1.0),
+        ("The total is 1,234.", 1.0),
+        ("1234.0", 1.0),
+        ("1233", 0.0),
+        ("", 0.0),
+        (None, 0.0),
+        ("1234 or maybe 99", 0.0),
+    ],
+)
+def test_numeric_answer(tmp_path: Path, answer: str | None, score: float) -> None:
+    assert NumericAnswer().score(TASK, _state(tmp_path, answer)) == {"outcome": score}
+
+
+def test_last_number() -> None:
+    assert last_number("a -12.5 b 7") == 7.0 and last_number("none") is None
+
+
+def test_final_state_refuses_escapes_and_links(tmp_path: Path) -> None:
+    (tmp_path / "ok.txt").write_text("fine")
+    outside = tmp_path.parent / f"secret-{os.getpid()}.txt"
+    outside.write_text("secret")
+    try:
+        (tmp_path / "link.txt").symlink_to(outside)
+        (tmp_path / "dirlink").symlink_to(tmp_path.parent)
+        state = _state(tmp_path, None)
+        assert state.read_text("ok.txt") == "fine"
+        assert state.read_text("missing.txt") is None
+        for bad in ("../" + outside.name, str(outside), "link.txt", "dirlink/" + outside.name):
+            with pytest.raises(StateAccessError):
+                state.read_text(bad)
+    finally:
+        outside.unlink()
+
+
+def test_compose_weights_and_keeps_unweighted_components() -> None:
+    reward = compose({"outcome": 1.0, "valid_calls": 0.5}, {"outcome": 1.0, "valid_calls": 0.2}, "v1")
+    assert reward.total == pytest.approx(1.1)
+    assert compose({"outcome": 0.0, "valid_calls": 1.0}, {"outcome": 1.0}, "v1").total == 0.0
+    assert (
+        compose({"outcome": 0.0, "valid_calls": 1.0}, {"outcome": 1.0}, "v1").components["valid_calls"] == 1.0
+    )
+
+
+def test_process_components() -> None:
+    def turn(*outcomes: ToolOutcome) -> Turn:
+        return Turn(
+            index=0, tool_results=tuple(ToolResult(call_id="c", name="t", outcome=o) for o in outcomes)
+        )
+
+    good = process_components([turn(ToolOutcome.OK, ToolOutcome.TOOL_EXCEPTION)])
+    assert good == {"valid_calls": 1.0, "permission_respected": 1.0}
+    bad = process_components(
+        [turn(ToolOutcome.PARSE_ERROR, ToolOutcome.OK), turn(ToolOutcome.PERMISSION_DENIED)]
+    )
+    assert bad == {"valid_calls": 2 / 3, "permission_respected": 0.0}
+    assert process_components([]) == {"valid_calls": 1.0, "permission_respected": 1.0}
+
+
+def test_verifier_version_follows_settings_and_code() -> None:
+    assert NumericAnswer().version == NumericAnswer().version
+    assert NumericAnswer(rel_tol=0.1).version != NumericAnswer().version
+    assert HangingVerifier().version != NumericAnswer().version
+
+
+@dataclass(frozen=True)
+class HangingVerifier(Verifier):
+    seconds: float = 60.0
+
+    def score(self, task: Task, state: FinalState) -> dict[str, float]:
+        time.sleep(self.seconds)
+        return {"outcome": 1.0}
+
+
+@dataclass(frozen=True)
+class CrashingVerifier(Verifier):
+    def score(self, task: Task, state: FinalState) -> dict[str, float]:
+        os._exit(3)
+
+
+@dataclass(frozen=True)
+class BuggyVerifier(Verifier):
+    def score(self, task: Task, state: FinalState) -> dict[str, float]:
+        return {"outcome": float("nan")}
+
+
+@dataclass(frozen=True)
+class PidVerifier(Verifier):
+    def score(self, task: Task, state: FinalState) -> dict[str, float]:
+        return {"outcome": 1.0, "pid": float(os.getpid())}
+
+
+def test_runner_isolates_time_limits_and_failures(tmp_path: Path) -> None:
+    async def go() -> None:
+        async with VerifierRunner(workers=1, timeout_s=1.5) as runner:
+            state = _state(tmp_path, "1234")
+            ok, error = await runner.score(PidVerifier(), TASK, state)
+            assert error is None and ok is not None and ok["pid"] != os.getpid()  # another process
+            started = time.monotonic()
+            none, why = await runner.score(HangingVerifier(), TASK, state)
+            assert none is None and why is not None and "ran past" in why
+            assert time.monotonic() - started < 10
+            none, why = await runner.score(CrashingVerifier(), TASK, state)
+            assert none is None and why is not None and "crashed" in why
+            none, why = await runner.score(BuggyVerifier(), TASK, state)
+            assert none is None and why is not None and "nan" in why
+            again, error = await runner.score(NumericAnswer(), TASK, state)  # the runner recovered
+            assert again == {"outcome": 1.0} and error is None
+            assert runner.restarts == 2
+
+    asyncio.run(go())

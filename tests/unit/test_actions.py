@@ -1,0 +1,112 @@
+"""The tool-call text format: well-formed calls parse, everything else is a classified parse error."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reprorl.actions import CLOSE, MAX_CALLS, OPEN, parse_action, render_call
+
+
+def test_plain_text_is_a_final_answer() -> None:
+    action = parse_action("The answer is 42.")
+    assert action.is_final and action.answer == "The answer is 42." and action.tool_calls == ()
+
+
+def test_calls_parse_with_ids_in_order() -> None:
+    text = "thinking " + render_call("calc", {"expression": "2+2"}) + " and " + render_call("ls", {})
+    action = parse_action(text, turn_id="r1.0")
+    assert [c.name for c in action.tool_calls] == ["calc", "ls"]
+    assert [c.id for c in action.tool_calls] == ["r1.0.0", "r1.0.1"]
+    assert action.tool_calls[0].arguments == {"expression": "2+2"}
+    assert not action.is_final and action.parse_errors == ()
+
+
+def test_double_encoded_arguments_are_accepted() -> None:
+    body = json.dumps({"name": "calc", "arguments": json.dumps({"expression": "1"})})
+    assert parse_action(f"{OPEN}{body}{CLOSE}").tool_calls[0].arguments == {"expression": "1"}
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        (f"{OPEN}{{'name': 'calc'}}{CLOSE}", "not valid JSON"),
+        (f'{OPEN}{{"name": "calc"', "no closing"),
+        (f"{OPEN}[1, 2]{CLOSE}", "JSON object"),
+        (f'{OPEN}{{"arguments": {{}}}}{CLOSE}', "'name'"),
+        (f'{OPEN}{{"name": "calc", "arguments": [1]}}{CLOSE}', "'arguments' must be"),
+        (f'{OPEN}{{"name": "calc", "arguments": "nope"}}{CLOSE}', "string that is not"),
+        (f'{OPEN}{{"name": "bad name!", "arguments": {{}}}}{CLOSE}', "'name'"),
+        (f'{OPEN}{{"name": "calc", "arguments": {{}}, "x": 1}}{CLOSE}', "unexpected keys"),
+        (f'{OPEN}{OPEN}{{"name": "calc"}}{CLOSE}{CLOSE}', "nested"),
+        (f"stray {CLOSE}", "without a matching"),
+        (OPEN + "[" * 100_000 + CLOSE, "longer than"),
+        (OPEN + "[" * 5000 + "]" * 5000 + CLOSE, "not valid JSON"),
+    ],
+)
+def test_malformed_calls_are_parse_errors(text: str, needle: str) -> None:
+    action = parse_action(text)
+    assert action.parse_errors and needle in action.parse_errors[0]
+    assert not action.is_final
+
+
+def test_too_many_calls_are_cut_and_reported() -> None:
+    action = parse_action(render_call("ls", {}) * (MAX_CALLS + 3))
+    assert len(action.tool_calls) == MAX_CALLS
+    assert any("more than" in e for e in action.parse_errors)
+
+
+def _fragments(rng: random.Random) -> str:
+    pieces = [
+        OPEN,
+        CLOSE,
+        "{",
+        "}",
+        "[",
+        "]",
+        '"name"',
+        '"arguments"',
+        ":",
+        ",",
+        '"calc"',
+        "null",
+        "\x00",
+        "é",
+        "1e999",
+    ]
+    return "".join(rng.choice(pieces) for _ in range(rng.randint(0, 40)))
+
+
+def test_ten_thousand_fuzzed_outputs_never_raise_and_are_all_classified() -> None:
+    rng = random.Random(1234)
+    for i in range(10_000):
+        kind = i % 4
+        if kind == 0:
+            text = rng.randbytes(rng.randint(0, 300)).decode("utf-8", "replace")
+        elif kind == 1:
+            full = render_call("calc", {"expression": "1+" * rng.randint(0, 50) + "1"})
+            text = full[: rng.randint(0, len(full))]
+        elif kind == 2:
+            text = _fragments(rng)
+        else:
+            text = (
+                OPEN
+                + json.dumps(
+                    {"name": "x" * rng.randint(0, 80), "arguments": {"a": "b" * rng.randint(0, 9000)}}
+                )
+                + CLOSE
+            )
+        action = parse_action(text)
+        # Exactly one of: a final answer, at least one call, or at least one classified error.
+        assert action.is_final or action.tool_calls or action.parse_errors
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=500))
+def test_any_text_parses_without_raising(text: str) -> None:
+    action = parse_action(text)
+    assert isinstance(action.parse_errors, tuple)

@@ -14,7 +14,7 @@ import stat
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from reprorl.hashing import code_fingerprint, content_hash
 from reprorl.types import Reward, Task, Termination
@@ -75,7 +75,7 @@ class Verifier(ABC):
     @property
     def version(self) -> str:
         """Hash of the verifier's code (its module and sibling helpers) and its settings."""
-        settings = dataclasses.asdict(self) if dataclasses.is_dataclass(self) else {}  # type: ignore[call-overload]
+        settings: dict[str, Any] = dataclasses.asdict(self) if dataclasses.is_dataclass(self) else {}
         code = code_fingerprint(*type(self).__mro__)
         return content_hash({"verifier": type(self).__qualname__, "code": code, "settings": settings})
 

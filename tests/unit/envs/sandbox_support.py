@@ -19,7 +19,18 @@ from typing import Any, TypeVar
 import pytest
 
 from reprorl.envs.sandbox import SandboxPool
-from reprorl.envs.sandbox.layout import real_uid
+from reprorl.envs.sandbox.confine import uid_processes
+
+__all__ = [
+    "IS_ROOT",
+    "TOOLS",
+    "TOOLS_DIR",
+    "LoopThread",
+    "needs_root",
+    "running_pool",
+    "sandbox_root",
+    "uid_processes",
+]
 
 T = TypeVar("T")
 
@@ -71,7 +82,3 @@ def running_pool(runner: LoopThread, **options: Any) -> Iterator[SandboxPool]:
             yield pool
         finally:
             runner.run(pool.aclose())
-
-
-def uid_processes(uid: int) -> list[int]:
-    return [int(e.name) for e in os.scandir("/proc") if e.name.isdigit() and real_uid(int(e.name)) == uid]

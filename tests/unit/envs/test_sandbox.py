@@ -377,7 +377,11 @@ def test_a_killed_pool_takes_its_sandboxes_with_it_and_leaves_a_dir_to_reap() ->
             assert owner.stdout is not None
             uid_text, box_dir = owner.stdout.readline().split()
             uid = int(uid_text)
-            assert len(uid_processes(uid)) == 2  # the sandbox process and its orphan
+            deadline = time.monotonic() + 5
+            while len(uid_processes(uid)) != 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            found = uid_processes(uid)
+            assert len(found) == 2, f"expected the sandbox process and its orphan, found {found}"
         finally:
             owner.kill()
             owner.wait()

@@ -39,15 +39,16 @@ def evaluate(expression: str) -> int | float:
     if len(expression) > MAX_EXPRESSION_CHARS:
         raise InvalidArguments(f"expression longer than {MAX_EXPRESSION_CHARS} characters")
     try:
-        tree = ast.parse(expression.replace("^", "**").replace("×", "*"), mode="eval")
+        tree = ast.parse(expression.replace("^", "**").replace("\u00d7", "*"), mode="eval")
     except SyntaxError as exc:
         raise InvalidArguments(f"not an arithmetic expression: {exc.msg}") from None
 
     def walk(node: ast.AST) -> int | float:
         if isinstance(node, ast.Expression):
             return walk(node.body)
-        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-            return node.value  # type: ignore[no-any-return]
+        constant = node.value if isinstance(node, ast.Constant) else None
+        if isinstance(constant, int | float) and not isinstance(constant, bool):
+            return constant
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
             value = walk(node.operand)
             return -value if isinstance(node.op, ast.USub) else value

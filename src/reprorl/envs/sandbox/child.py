@@ -79,6 +79,7 @@ def _isolate(spec: dict[str, Any]) -> dict[str, str]:
     tempfile.tempdir = None
     return {
         "network": network,
+        "ipc": "ipcns" if network == "netns" else "none",
         "uid": "dedicated" if uid is not None else "shared",
         "pid_namespace": "yes" if namespace_init else "no",
         "no_new_privs": "yes" if no_new_privs else "no",

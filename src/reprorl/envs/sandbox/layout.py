@@ -19,6 +19,7 @@ import fcntl
 import json
 import os
 import secrets
+import shutil
 import signal
 import tempfile
 import time
@@ -28,7 +29,6 @@ from typing import Any
 
 from reprorl.envs.sandbox.confine import real_uid, uid_processes
 from reprorl.envs.sandbox.errors import SandboxError
-from reprorl.envs.sandbox.snapshot import remove_tree
 
 ROOT_ENV = "REPRORL_SANDBOX_ROOT"
 OWNER_FILE = "owner.json"
@@ -87,6 +87,23 @@ def create_dirs(root: Path, slot: UidSlot | None) -> tuple[str, SandboxDirs]:
     if slot is not None:
         os.chown(dirs.work, slot.uid, slot.gid)
     return sandbox_id, dirs
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a directory tree even where its owner made parts of it unwritable or unreadable."""
+
+    def unlock_and_retry(function: Any, failed: str, _exc: Any) -> None:
+        parent = Path(failed).parent
+        with contextlib.suppress(OSError):
+            parent.chmod(0o700)
+        with contextlib.suppress(OSError):
+            Path(failed).chmod(0o700)
+        function(failed)
+
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path, onerror=unlock_and_retry)
 
 
 def process_start_ticks(pid: int) -> int | None:

@@ -20,23 +20,23 @@ class SandboxLimits(BaseModel):
         ge=1,
         description=(
             "CPU seconds one sandbox process may use over its lifetime (RLIMIT_CPU); past it the kernel "
-            "sends SIGXCPU, the call is reported as a crash and the sandbox restarts on its next call."
+            "kills it, the call is reported as a crash, and the sandbox restarts on its next call."
         ),
     )
     memory_bytes: int = Field(
         default=GIB,
         ge=16 * MIB,
         description=(
-            "Address space a sandbox process may map on top of the pre-imported interpreter it is forked "
-            "from (RLIMIT_AS); a larger allocation raises MemoryError inside the tool."
+            "Address space each sandbox process may map on top of the pre-imported interpreter it is "
+            "forked from (RLIMIT_AS); a larger allocation raises MemoryError inside the tool."
         ),
     )
     processes: int = Field(
         default=32,
         ge=1,
         description=(
-            "Processes and threads the sandbox may have at once, its main process included (RLIMIT_NPROC; "
-            "only enforced when the sandbox runs under its own uid)."
+            "Processes and threads the sandbox may have at once, its main process included (RLIMIT_NPROC, "
+            "which counts per uid: it bounds a sandbox only when the sandbox has a uid of its own)."
         ),
     )
     file_bytes: int = Field(

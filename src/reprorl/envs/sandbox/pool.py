@@ -29,10 +29,10 @@ from reprorl.envs.sandbox.layout import (
     default_uid_lock_dir,
     prepare_root,
     reap_sandboxes,
+    remove_tree,
 )
 from reprorl.envs.sandbox.limits import SandboxLimits
 from reprorl.envs.sandbox.sandbox import Sandbox
-from reprorl.envs.sandbox.snapshot import remove_tree
 from reprorl.envs.sandbox.zygote import ZygoteClient
 
 DEFAULT_UID_BASE = 2_000_000

@@ -7,6 +7,8 @@ import signal as signal_module
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from reprorl.envs.sandbox.protocol import ProtocolError
+
 MAX_ERROR_CHARS = 2000
 MAX_ERROR_TYPE_CHARS = 200
 
@@ -90,6 +92,38 @@ def protocol_violation(detail: str, duration_s: float) -> CallResult:
         crashed=True,
         duration_s=duration_s,
     )
+
+
+def from_reply(reply: Any, call_id: int, cap: int, duration: float) -> CallResult:
+    """Turn an untrusted reply frame into a CallResult; anything out of shape is a protocol violation."""
+    if not isinstance(reply, dict) or reply.get("id") != call_id:
+        raise ProtocolError("reply does not answer this call")
+    ok, value, chars = reply.get("ok"), reply.get("value", ""), reply.get("output_chars", 0)
+    error_type, error = reply.get("error_type"), reply.get("error")
+    if not isinstance(ok, bool) or not isinstance(value, str) or type(chars) is not int:
+        raise ProtocolError("reply fields have the wrong types")
+    if not all(v is None or isinstance(v, str) for v in (error_type, error)):
+        raise ProtocolError("reply error fields have the wrong types")
+    value = _clean_text(value[:cap])
+    return CallResult(
+        ok=ok,
+        value=value,
+        error_type=None if ok else bounded(error_type or "Exception", MAX_ERROR_TYPE_CHARS),
+        error=None if ok else _clean_text(bounded(error or "")),
+        timed_out=False,
+        crashed=False,
+        duration_s=duration,
+        output_chars=max(chars, len(value)),
+    )
+
+
+def _clean_text(text: str) -> str:
+    """Lone surrogates survive JSON but not Parquet or UTF-8 files downstream; replace them."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text
 
 
 def _signal_of(status: int) -> int | None:

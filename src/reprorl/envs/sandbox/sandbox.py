@@ -27,11 +27,10 @@ from typing import Any, Protocol
 
 from reprorl.envs.sandbox import result as results
 from reprorl.envs.sandbox.errors import SandboxError, UnknownToolError
-from reprorl.envs.sandbox.layout import SandboxDirs, UidSlot, kill_uid_processes
+from reprorl.envs.sandbox.layout import SandboxDirs, UidSlot, kill_uid_processes, remove_tree
 from reprorl.envs.sandbox.limits import SandboxLimits
 from reprorl.envs.sandbox.protocol import FRAME_OVERHEAD_BYTES, ProtocolError, encode, read_frame, reply_limit
 from reprorl.envs.sandbox.result import CallResult
-from reprorl.envs.sandbox.snapshot import remove_tree
 from reprorl.envs.sandbox.zygote import ExitInfo, ZygoteClient
 
 HELLO_TIMEOUT_S = 30.0
@@ -155,7 +154,7 @@ class Sandbox:
                 raise
             duration = time.perf_counter() - started
             try:
-                return _parse_reply(reply, call_id, self.limits.max_output_chars, duration)
+                return results.from_reply(reply, call_id, self.limits.max_output_chars, duration)
             except ProtocolError as exc:
                 await self._discard(child)
                 return results.protocol_violation(str(exc), duration)
@@ -379,35 +378,3 @@ def _kill_without_zygote(uid: int | None, pgid: int | None) -> bool:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
     return True
-
-
-def _parse_reply(reply: Any, call_id: int, cap: int, duration: float) -> CallResult:
-    """Turn an untrusted reply frame into a CallResult; anything out of shape is a protocol violation."""
-    if not isinstance(reply, dict) or reply.get("id") != call_id:
-        raise ProtocolError("reply does not answer this call")
-    ok, value, chars = reply.get("ok"), reply.get("value", ""), reply.get("output_chars", 0)
-    error_type, error = reply.get("error_type"), reply.get("error")
-    if not isinstance(ok, bool) or not isinstance(value, str) or type(chars) is not int:
-        raise ProtocolError("reply fields have the wrong types")
-    if not all(v is None or isinstance(v, str) for v in (error_type, error)):
-        raise ProtocolError("reply error fields have the wrong types")
-    value = _clean_text(value[:cap])
-    return CallResult(
-        ok=ok,
-        value=value,
-        error_type=None if ok else results.bounded(error_type or "Exception", results.MAX_ERROR_TYPE_CHARS),
-        error=None if ok else _clean_text(results.bounded(error or "")),
-        timed_out=False,
-        crashed=False,
-        duration_s=duration,
-        output_chars=max(chars, len(value)),
-    )
-
-
-def _clean_text(text: str) -> str:
-    """Lone surrogates survive JSON but not Parquet or UTF-8 files downstream; replace them."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "replace").decode("utf-8")
-    return text

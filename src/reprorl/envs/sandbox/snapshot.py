@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import stat
 import tarfile
 from pathlib import Path
 from typing import Any
 
 from reprorl.envs.sandbox import confine
+from reprorl.envs.sandbox.layout import remove_tree
 
 
 def take(message: dict[str, Any]) -> str | None:
@@ -95,20 +95,3 @@ def _seal(top: Path, gid: int | None, *, privileged: bool) -> None:
         top.chmod(0o550)
     else:
         top.chmod(0o555)
-
-
-def remove_tree(path: Path) -> None:
-    """Remove a directory tree even where its owner made parts of it unwritable or unreadable."""
-
-    def unlock_and_retry(function: Any, failed: str, _exc: Any) -> None:
-        parent = Path(failed).parent
-        with contextlib.suppress(OSError):
-            parent.chmod(0o700)
-        with contextlib.suppress(OSError):
-            Path(failed).chmod(0o700)
-        function(failed)
-
-    if path.is_symlink() or path.is_file():
-        path.unlink()
-    elif path.exists():
-        shutil.rmtree(path, onerror=unlock_and_retry)

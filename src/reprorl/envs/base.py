@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -87,6 +88,9 @@ class ToolEnv(Env):
 
     tools: ClassVar[tuple[Tool, ...]]
     system_prompt: ClassVar[str | None] = None
+    setup_fn: ClassVar[Callable[..., str] | None] = None
+    """A module-level `fn(ctx, setup) -> str` run in the sandbox to build `task.setup`'s state."""
+    setup_timeout_s: ClassVar[float] = 30.0
 
     def __init__(self, config: EnvConfig | None = None, *, seed: int = 0) -> None:
         self.config = config or EnvConfig()
@@ -102,7 +106,17 @@ class ToolEnv(Env):
     # -- what a family provides ----------------------------------------------------------------
 
     async def setup(self, task: Task, sandbox: Sandbox) -> None:
-        """Build the task's initial state in the sandbox (files, a database). Default: nothing."""
+        """Build the task's initial state in the sandbox by running `setup_fn` there (if any).
+
+        The sandbox is another process under another uid, so state is built from inside it.
+        """
+        if self.setup_fn is None:
+            return
+        fn_ref = f"{self.setup_fn.__module__}:{self.setup_fn.__name__}"
+        result = await sandbox.call(fn_ref, {"setup": task.setup}, timeout_s=self.setup_timeout_s)
+        if not result.ok:
+            detail = f"{result.error_type}: {result.error}"
+            raise SandboxError(f"{self.family}: building the task's state failed: {detail}")
 
     def human_reply(self, question: str) -> str:
         """What `ask_human` returns; automated runs have no human, and the call is counted."""

@@ -15,7 +15,6 @@ from reprorl.envs.common import ask_human, generate_splits, solution_step
 from reprorl.envs.families.files_tasks import KINDS
 from reprorl.envs.families.files_tools import build_state, cat, grep, ls, move, write_file
 from reprorl.envs.families.files_tree import format_of, generate_tree, parse
-from reprorl.envs.sandbox import Sandbox
 from reprorl.hashing import sha256_hex
 from reprorl.types import Message, Role, Split, Task, TaskSet
 
@@ -36,11 +35,8 @@ class FilesEnv(ToolEnv):
         " a tool call; to a question, reply with just the answer."
     )
 
-    async def setup(self, task: Task, sandbox: Sandbox) -> None:
-        fn_ref = f"{build_state.__module__}:{build_state.__name__}"
-        result = await sandbox.call(fn_ref, {"setup": task.setup}, timeout_s=SETUP_TIMEOUT_S)
-        if not result.ok:
-            raise RuntimeError(f"could not write the task's files: {result.error_type}: {result.error}")
+    setup_fn = staticmethod(build_state)
+    setup_timeout_s = SETUP_TIMEOUT_S
 
 
 TOOL_NAMES = tuple(t.name for t in FilesEnv.tools)

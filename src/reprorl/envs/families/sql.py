@@ -16,7 +16,6 @@ from reprorl.envs.common import ask_human, generate_splits, last_tool_output, so
 from reprorl.envs.families.sql_data import DB_NAME, Shop, digests, generate_shop
 from reprorl.envs.families.sql_tasks import KINDS
 from reprorl.envs.families.sql_tools import build_state, describe_table, list_tables, sql_execute, sql_query
-from reprorl.envs.sandbox import Sandbox
 from reprorl.types import Message, Role, Split, Task, TaskSet
 
 FAMILY = "sql"
@@ -36,11 +35,8 @@ class SqlEnv(ToolEnv):
         " to a question, reply with just the answer."
     )
 
-    async def setup(self, task: Task, sandbox: Sandbox) -> None:
-        fn_ref = f"{build_state.__module__}:{build_state.__name__}"
-        result = await sandbox.call(fn_ref, {"setup": task.setup}, timeout_s=SETUP_TIMEOUT_S)
-        if not result.ok:
-            raise RuntimeError(f"could not build {DB_NAME}: {result.error_type}: {result.error}")
+    setup_fn = staticmethod(build_state)
+    setup_timeout_s = SETUP_TIMEOUT_S
 
 
 TOOL_NAMES = tuple(t.name for t in SqlEnv.tools)

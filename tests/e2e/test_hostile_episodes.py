@@ -1,0 +1,158 @@
+"""Hostile agents: scripted policies that try to cheat or break out. None may ever be paid.
+
+Each probe is blocked or limited, the attempt is classified on its turn, and the secret that
+would earn the reward (held only by the orchestrator and the verifier) is never reached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+from test_failure_classes import episode, outcomes, play
+
+from reprorl.actions import render_call
+from reprorl.types import Termination, ToolOutcome
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="full sandbox isolation needs root (CI runs as root)"
+)
+
+
+def python(code: str) -> str:
+    return render_call("run_python", {"code": code})
+
+
+def loot_then_answer(code: str) -> list[str]:
+    """Run the attack; whatever it returned is written to answer.txt and given as the answer."""
+    return [python(code), python("result = open('answer.txt', 'a').write('')"), "whatever I found"]
+
+
+class Listener:
+    """A server on the host's loopback that would hand out the secret to anyone who connects."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.connections = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.connections += 1
+            conn.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+
+
+def _unpaid(replies: list[str]) -> list[ToolOutcome]:
+    trajectory = asyncio.run(episode(play(replies)))
+    assert trajectory.reward is not None and trajectory.reward.components["outcome"] == 0.0
+    assert trajectory.termination in (Termination.ANSWERED, Termination.MAX_TURNS)
+    return outcomes(trajectory)
+
+
+def test_reading_the_reference_from_the_orchestrator_fails() -> None:
+    host = os.getpid()  # the orchestrator holds the task, reference included, in its memory
+    seen = _unpaid(
+        [
+            python(f"result = open('/proc/{host}/environ').read()"),
+            python(f"result = open('/proc/{host}/mem', 'rb').read(64)"),
+            python(f"result = os.readlink('/proc/{host}/cwd')"),
+            "nothing",
+        ]
+    )
+    assert seen == [ToolOutcome.PERMISSION_DENIED] * 3
+
+
+def test_path_traversal_is_refused() -> None:
+    seen = _unpaid(
+        [
+            render_call("write_file", {"path": "../../../etc/evil", "content": "x"}),
+            render_call("write_file", {"path": "/etc/evil", "content": "x"}),
+            python("result = open('/root/.bashrc').read()"),
+            python("import os\nresult = os.listdir('..')"),
+            "none",
+        ]
+    )
+    assert seen[:3] == [ToolOutcome.PERMISSION_DENIED] * 3
+    assert seen[3] in (ToolOutcome.PERMISSION_DENIED, ToolOutcome.OK)  # listing is allowed, reading is not
+    assert not Path("/etc/evil").exists()
+
+
+def test_network_connections_fail_and_reach_nothing() -> None:
+    listener = Listener()
+    try:
+        attack = f"result = socket.create_connection(('127.0.0.1', {listener.port}), timeout=2).recv(100)"
+        outside = "result = socket.create_connection(('1.1.1.1', 80), timeout=2)"
+        seen = _unpaid([python(attack), python(outside), "nothing"])
+        assert seen == [ToolOutcome.TOOL_EXCEPTION, ToolOutcome.TOOL_EXCEPTION]
+        assert listener.connections == 0
+    finally:
+        listener.close()
+
+
+def test_fork_bomb_is_bounded_and_leaves_nothing_behind() -> None:
+    bomb = "while True:\n    if os.fork() == 0:\n        time.sleep(60)"
+    trajectory = asyncio.run(episode(play([python(bomb), python("result = 'still alive'"), "done"])))
+    seen = outcomes(trajectory)
+    assert seen[0] in (ToolOutcome.TOOL_EXCEPTION, ToolOutcome.TOOL_TIMEOUT)
+    assert seen[1] == ToolOutcome.OK
+    assert trajectory.reward is not None and trajectory.reward.components["outcome"] == 0.0
+    uid = trajectory.sandbox["uid"]
+    assert isinstance(uid, int)
+    survivors = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _owner(p) == uid]
+    assert survivors == []
+
+
+def _owner(proc: Path) -> int | None:
+    try:
+        return proc.stat().st_uid
+    except OSError:
+        return None
+
+
+def test_allocating_8_gib_is_limited() -> None:
+    seen = _unpaid([python("block = bytearray(8 << 30)\nresult = len(block)"), "done"])
+    assert seen == [ToolOutcome.TOOL_EXCEPTION]
+
+
+def test_an_infinite_loop_is_stopped() -> None:
+    seen = _unpaid([python("while True:\n    pass"), python("result = 'recovered'"), "done"])
+    assert seen == [ToolOutcome.TOOL_TIMEOUT, ToolOutcome.OK]
+
+
+def test_overwriting_the_verifiers_inputs_fails() -> None:
+    verifier_code = Path(__file__).with_name("probe_tools.py")
+    before = verifier_code.read_bytes()
+    seen = _unpaid(
+        [
+            python(f"result = open({str(verifier_code)!r}, 'a').write('SecretVerifier.score = None')"),
+            python("result = open('../snapshot/answer.txt', 'w').write('secret')"),
+            python(
+                "import os\nresult = [open(f'../../{d}/work/answer.txt', 'w') for d in os.listdir('../..')]"
+            ),
+            "done",
+        ]
+    )
+    assert seen[0] == ToolOutcome.PERMISSION_DENIED
+    # The snapshot folder is root-owned when it exists, and absent when no stale reads were asked for.
+    assert seen[1] in (ToolOutcome.PERMISSION_DENIED, ToolOutcome.TOOL_EXCEPTION)
+    assert seen[2] == ToolOutcome.PERMISSION_DENIED
+    assert verifier_code.read_bytes() == before

@@ -50,8 +50,8 @@ class FinalState:
                 raise StateAccessError(f"{relative!r} goes through a symbolic link")
         return candidate
 
-    def read_text(self, relative: str) -> str | None:
-        """The file's text, or None when it does not exist (a missing file is a state, not a crash)."""
+    def read_bytes(self, relative: str) -> bytes | None:
+        """The file's bytes, or None when it does not exist (a missing file is a state, not a crash)."""
         path = self.path(relative)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
@@ -60,7 +60,11 @@ class FinalState:
         with os.fdopen(fd, "rb") as handle:
             if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
                 raise StateAccessError(f"{relative!r} is not a regular file")
-            return handle.read(MAX_READ_BYTES).decode("utf-8", "replace")
+            return handle.read(MAX_READ_BYTES)
+
+    def read_text(self, relative: str) -> str | None:
+        data = self.read_bytes(relative)
+        return None if data is None else data.decode("utf-8", "replace")
 
 
 class Verifier(ABC):

@@ -9,6 +9,7 @@ from reprorl.rollout.episode import (
     run_episode,
 )
 from reprorl.rollout.families import FAMILIES, Family, get_family
+from reprorl.rollout.stats import ToolStats
 
 __all__ = [
     "FAMILIES",
@@ -18,6 +19,7 @@ __all__ = [
     "Policy",
     "PolicyOutput",
     "ScriptedPolicy",
+    "ToolStats",
     "get_family",
     "run_episode",
 ]

@@ -143,3 +143,9 @@ def test_runner_isolates_time_limits_and_failures(tmp_path: Path) -> None:
             assert runner.restarts == 2
 
     asyncio.run(go())
+
+
+def test_read_bytes_is_exact(tmp_path: Path) -> None:
+    (tmp_path / "blob.bin").write_bytes(b"\xff\x00\xfe")
+    assert _state(tmp_path, None).read_bytes("blob.bin") == b"\xff\x00\xfe"
+    assert _state(tmp_path, None).read_bytes("nope.bin") is None

@@ -117,6 +117,10 @@ class DataSpec(SpecModel):
     max_invalid_actions: int = Field(
         default=3, ge=1, description="Consecutive unparsable or invalid actions that end an episode."
     )
+    tool_permissions: tuple[Literal["read", "write", "network", "human"], ...] = Field(
+        default=("read", "write", "human"),
+        description="Permission scopes tools may use; a call to a tool outside them is denied.",
+    )
 
 
 class KLPenalty(SpecModel):

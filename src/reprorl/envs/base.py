@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from reprorl.actions import Action
-from reprorl.config.spec import NoiseSpec
+from reprorl.config.spec import DataSpec, NoiseSpec
 from reprorl.envs.calls import CallOutcome, classify_call
 from reprorl.envs.noise import NoiseInjector
 from reprorl.envs.sandbox import Sandbox, SandboxError
@@ -56,6 +56,16 @@ class EnvConfig:
     max_invalid_actions: int = 3
     noise: NoiseSpec = field(default_factory=NoiseSpec)
     allowed: frozenset[Permission] = DEFAULT_ALLOWED
+
+    @classmethod
+    def from_spec(cls, data: DataSpec) -> EnvConfig:
+        """The env settings a run spec's `data` section asks for."""
+        return cls(
+            tool_output_chars=data.tool_output_chars,
+            max_invalid_actions=data.max_invalid_actions,
+            noise=data.noise,
+            allowed=frozenset(Permission(p) for p in data.tool_permissions),
+        )
 
     def as_json(self) -> dict[str, Any]:
         return {

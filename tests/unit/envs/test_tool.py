@@ -89,3 +89,24 @@ def test_invalid_schema_and_nested_functions_are_refused() -> None:
         make()
     with pytest.raises(TypeError, match="unknown parameters"):
         tool(Permission.READ, params={"nope": "x"})(read_lines.fn)  # type: ignore[arg-type]
+
+
+def test_env_config_follows_the_run_spec() -> None:
+    from reprorl.config.spec import DataSpec, NoiseSpec
+    from reprorl.envs import EnvConfig
+
+    data = DataSpec(
+        owner="o",
+        train="t@v1",
+        tool_output_chars=100,
+        max_invalid_actions=2,
+        noise=NoiseSpec(timeout_p=0.5),
+        tool_permissions=("read", "network"),
+    )
+    config = EnvConfig.from_spec(data)
+    assert config.allowed == frozenset({Permission.READ, Permission.NETWORK})
+    assert (config.tool_output_chars, config.max_invalid_actions, config.noise.timeout_p) == (100, 2, 0.5)
+    from reprorl.envs.families.calculator import CalculatorEnv
+
+    assert CalculatorEnv.version(config) != CalculatorEnv.version(EnvConfig())
+    assert CalculatorEnv.version(config) == CalculatorEnv.version(EnvConfig.from_spec(data))

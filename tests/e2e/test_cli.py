@@ -11,30 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from reprorl.cli.main import main
-
 TASK = {"id": "t1", "family": "calculator", "prompt": [{"role": "user", "content": "What is 2 + 2?"}]}
 
 
-class Cli:
-    def __init__(self, home: Path, capsys: pytest.CaptureFixture[str]) -> None:
-        self.home = home
-        self.capsys = capsys
-
-    def __call__(self, *args: str) -> tuple[int, str, str]:
-        code = main(["--home", str(self.home), *args])
-        out, err = self.capsys.readouterr()
-        return code, out, err
-
-    def ok_json(self, *args: str) -> object:
-        code, out, err = self(*args, "--json")
-        assert code == 0, err
-        return json.loads(out)
-
-
-@pytest.fixture
-def cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Cli:
-    return Cli(tmp_path / "home", capsys)
+from cli_support import Cli  # noqa: E402
 
 
 def _one_error_line(err: str) -> str:
@@ -58,6 +38,7 @@ def test_every_command_has_help(cli: Cli) -> None:
         ["runs", "list"],
         ["runs", "show"],
         ["demo"],
+        ["rollouts"],
     ):
         code, out, _ = cli(*command, "--help")
         assert code == 0, command

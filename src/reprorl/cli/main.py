@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from reprorl.cli import artifacts_cmd, demo_cmd, runs_cmd, spec_cmd
+from reprorl.cli import artifacts_cmd, demo_cmd, rollouts_cmd, runs_cmd, spec_cmd
 from reprorl.cli.context import Options
 from reprorl.cli.output import err_console, one_line
 from reprorl.errors import ReprorlError
@@ -26,6 +26,7 @@ app.add_typer(spec_cmd.app, name="spec")
 app.add_typer(artifacts_cmd.app, name="artifacts")
 app.add_typer(runs_cmd.app, name="runs")
 app.command("demo")(demo_cmd.demo)
+app.command("rollouts")(rollouts_cmd.rollouts)
 
 
 @app.callback()

@@ -76,7 +76,7 @@ def sandbox_root() -> Iterator[Path]:
 @contextmanager
 def running_pool(runner: LoopThread, **options: Any) -> Iterator[SandboxPool]:
     with sandbox_root() as root:
-        pool = SandboxPool([TOOLS], sys_path=[TOOLS_DIR], root=root, **options)
+        pool = SandboxPool([TOOLS], sys_path=[TOOLS_DIR], **{"root": root, **options})
         runner.run(pool.start())
         try:
             yield pool

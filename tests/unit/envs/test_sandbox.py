@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -65,6 +66,7 @@ def test_a_call_returns_the_tools_string(runner: LoopThread, pool: SandboxPool) 
     json.dumps(info)  # the trajectory stores it as JSON
     assert info["limits"] == SandboxLimits().model_dump()
     assert set(info) == {"id", "dir", "uid", "limits", "isolation", "restarts"}
+    assert info["isolation"]["mounts"] == ("private_tmp_proc" if IS_ROOT else "shared")  # type: ignore[index]
 
 
 def test_a_tool_exception_is_data_not_an_exception(runner: LoopThread, pool: SandboxPool) -> None:
@@ -117,7 +119,8 @@ def test_sandboxes_are_isolated_from_each_other(runner: LoopThread, pool: Sandbo
         assert (await second.call(f"{TOOLS}:listdir", {})).value == ""
         stolen = await second.call(f"{TOOLS}:read", {"path": str(first.workdir / "secret.txt")})
         if IS_ROOT:
-            assert stolen.error_type == "PermissionError"
+            # The pool root lies in /tmp, of which each sandbox has its own: the neighbour is not there.
+            assert stolen.error_type == "FileNotFoundError"
         first_dir = first.dir
         await first.close()
         await second.close()
@@ -190,30 +193,27 @@ def test_snapshot_calls_see_the_old_state(runner: LoopThread, pool: SandboxPool)
 def test_a_snapshot_never_copies_what_the_sandbox_could_not_read(
     runner: LoopThread, pool: SandboxPool
 ) -> None:
-    with sandbox_root() as outside:
-        outside.chmod(0o755)
-        secret = outside / "secret"
-        secret.write_text("root only")
-        secret.chmod(0o600)
-        plant = (
-            "import os, contextlib\n"
-            f"os.symlink({str(secret)!r}, 'link')\n"
-            "os.symlink('../..', 'up')\n"
-            "with contextlib.suppress(PermissionError):\n"
-            f"    os.link({str(secret)!r}, 'hard')\n"
-            "open('plain.txt', 'w').write('mine')"
-        )
+    async def go() -> None:
+        async with pool.open() as sandbox:
+            secret = sandbox.dir / "secret"  # root's, beside work/: in the sandbox's view, not readable
+            secret.write_text("root only")
+            secret.chmod(0o600)
+            plant = (
+                "import os, contextlib\n"
+                f"os.symlink({str(secret)!r}, 'link')\n"
+                "os.symlink('../..', 'up')\n"
+                "with contextlib.suppress(PermissionError):\n"
+                f"    os.link({str(secret)!r}, 'hard')\n"
+                "open('plain.txt', 'w').write('mine')"
+            )
+            assert (await sandbox.call(f"{TOOLS}:run_python", {"code": plant})).ok
+            await sandbox.take_snapshot()
+            copied = {p.name: p for p in sandbox.snapshot_dir.rglob("*")}
+            assert "link" not in copied and "up" not in copied  # links out of the tree are dropped
+            assert (sandbox.snapshot_dir / "plain.txt").read_text() == "mine"
+            assert all("root only" not in p.read_text() for p in copied.values() if p.is_file())
 
-        async def go() -> None:
-            async with pool.open() as sandbox:
-                assert (await sandbox.call(f"{TOOLS}:run_python", {"code": plant})).ok
-                await sandbox.take_snapshot()
-                copied = {p.name: p for p in sandbox.snapshot_dir.rglob("*")}
-                assert "link" not in copied and "up" not in copied  # links out of the tree are dropped
-                assert (sandbox.snapshot_dir / "plain.txt").read_text() == "mine"
-                assert all("root only" not in p.read_text() for p in copied.values() if p.is_file())
-
-        runner.run(go())
+    runner.run(go())
 
 
 def test_long_output_is_cut_in_the_sandbox_and_flagged(runner: LoopThread, pool: SandboxPool) -> None:
@@ -367,7 +367,7 @@ def test_a_killed_pool_takes_its_sandboxes_with_it_and_leaves_a_dir_to_reap() ->
         "        box = await pool.open()\n"
         "        await box.call('sandbox_tools:run_python', {'code': 'import os\\nif os.fork() == 0:\\n"
         "    os.setsid()\\n    import time; time.sleep(60)'})\n"
-        "        print(box.uid, box.dir, flush=True)\n"
+        "        print(box.uid, box.dir, (await pool.zygote()).pid, flush=True)\n"
         "        await asyncio.sleep(60)\n"
         "asyncio.run(main())\n"
     )
@@ -375,8 +375,9 @@ def test_a_killed_pool_takes_its_sandboxes_with_it_and_leaves_a_dir_to_reap() ->
         owner = subprocess.Popen([sys.executable, "-c", script, str(root)], stdout=subprocess.PIPE, text=True)
         try:
             assert owner.stdout is not None
-            uid_text, box_dir = owner.stdout.readline().split()
+            uid_text, box_dir, zygote_pid = owner.stdout.readline().split()
             uid = int(uid_text)
+            zygote = os.pidfd_open(int(zygote_pid))  # the owner still runs, so this pid is its zygote
             deadline = time.monotonic() + 5
             while len(uid_processes(uid)) != 2 and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -385,9 +386,13 @@ def test_a_killed_pool_takes_its_sandboxes_with_it_and_leaves_a_dir_to_reap() ->
         finally:
             owner.kill()
             owner.wait()
-        deadline = time.monotonic() + 10
-        while uid_processes(uid) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        # The zygote kills through a helper that itself runs as the uid, so the uid is empty only once
+        # the zygote, which waits for its helper, has exited.
+        try:
+            exited, _, _ = select.select([zygote], [], [], 15)
+        finally:
+            os.close(zygote)
+        assert exited, "the zygote of the dead pool did not exit"
         assert uid_processes(uid) == [], "the zygote did not kill the sandboxes of its dead pool"
         assert Path(box_dir).exists()
         assert reap_sandboxes(root) == 1 and not Path(box_dir).exists()
@@ -431,6 +436,7 @@ def test_shared_uid_mode_still_runs_and_kills_by_process_group(runner: LoopThrea
         async def go() -> None:
             async with pool.open() as sandbox:
                 assert sandbox.isolation["uid"] == "shared" and sandbox.isolation["kill"] == "process_group"
+                assert sandbox.isolation["mounts"] == ("private_tmp" if IS_ROOT else "shared")
                 assert sandbox.uid is None
                 assert (await sandbox.call(f"{TOOLS}:echo", {"text": "x"})).ok
                 pgid = (await sandbox.call(f"{TOOLS}:whoami", {})).value.split()[3]
@@ -483,3 +489,21 @@ def test_unprivileged_processes_still_get_a_network_namespace() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "['lo']"
+
+
+def test_without_the_privilege_to_mount_the_scratch_dirs_stay_shared() -> None:
+    code = (
+        "import os;"
+        "from reprorl.envs.sandbox import mounts;"
+        "drop = os.geteuid() == 0;"
+        "drop and os.setgroups([]); drop and os.setresgid(65534, 65534, 65534);"
+        "drop and os.setresuid(65534, 65534, 65534);"
+        "before = os.readlink('/proc/self/ns/mnt');"
+        "print(mounts.make_private('/', 1 << 20, own_pid_namespace=False));"
+        "print(os.readlink('/proc/self/ns/mnt') == before)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["shared", "True"]

@@ -1,15 +1,20 @@
 """Hostile code inside a sandbox: every probe is blocked or bounded, classified, and the host is unharmed.
 
 Each probe runs arbitrary Python in the sandbox process through `sandbox_tools.run_python`. The
-strong guarantees (no network, a process limit, unreadable root files, nothing surviving a freeze)
-need root; without it these tests skip and say so.
+strong guarantees (no network, a process limit, unreadable root files, nothing surviving a freeze,
+private scratch directories and /proc) need root; without it these tests skip and say so.
 """
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import os
+import secrets
+import shutil
 import socket
+import stat
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +27,7 @@ from reprorl.envs.sandbox import CallResult, Sandbox, SandboxLimits, SandboxPool
 pytestmark = needs_root
 
 MIB = 1 << 20
+SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +47,7 @@ def pool(runner: LoopThread) -> Iterator[SandboxPool]:
 def sandbox(runner: LoopThread, pool: SandboxPool) -> Iterator[Sandbox]:
     box: Sandbox = runner.run(pool.open())
     assert box.isolation["uid"] == "dedicated" and box.isolation["network"] == "netns"
+    assert box.isolation["mounts"] == "private_tmp_proc"
     yield box
     runner.run(box.close())
     assert box.uid is not None and uid_processes(box.uid) == []
@@ -152,40 +159,62 @@ def test_a_huge_file_stops_at_the_file_size_limit(runner: LoopThread, pool: Sand
 def test_files_outside_the_sandbox_cannot_be_read(
     runner: LoopThread, pool: SandboxPool, sandbox: Sandbox
 ) -> None:
+    secret = sandbox.dir / "secret.txt"  # root's, beside work/: in the sandbox's view, but not readable
+    secret.write_text("root only")
+    secret.chmod(0o600)
+    for path in (str(secret), "/root/.bashrc", "/etc/shadow", "../owner.json", "../../"):
+        probe = runner.run(sandbox.call(f"{TOOLS}:read", {"path": path}))
+        assert probe.error_type in {"PermissionError", "IsADirectoryError"}, (path, probe)
+    listing = runner.run(sandbox.call(f"{TOOLS}:listdir", {"path": ".."}))
+    assert listing.error_type == "PermissionError"
     with sandbox_root() as outside:
-        outside.chmod(0o755)
-        secret = outside / "secret.txt"
-        secret.write_text("root only")
-        secret.chmod(0o600)
-        for path in (str(secret), "/root/.bashrc", "/etc/shadow", "../owner.json", "../../"):
-            probe = runner.run(sandbox.call(f"{TOOLS}:read", {"path": path}))
-            assert probe.error_type in {"PermissionError", "IsADirectoryError"}, (path, probe)
-        listing = runner.run(sandbox.call(f"{TOOLS}:listdir", {"path": ".."}))
-        assert listing.error_type == "PermissionError"
+        (outside / "host.txt").write_text("the host's /tmp")
+        (outside / "host.txt").chmod(0o644)
+        probe = runner.run(sandbox.call(f"{TOOLS}:read", {"path": str(outside / "host.txt")}))
+        assert probe.error_type == "FileNotFoundError", probe  # the sandbox's /tmp is its own
 
-        async def neighbour() -> CallResult:
-            async with pool.open() as other:
-                await other.call(f"{TOOLS}:write", {"path": "private.txt", "text": "theirs"})
-                return await sandbox.call(f"{TOOLS}:read", {"path": str(other.workdir / "private.txt")})
+    async def neighbour() -> CallResult:
+        async with pool.open() as other:
+            await other.call(f"{TOOLS}:write", {"path": "private.txt", "text": "theirs"})
+            return await sandbox.call(f"{TOOLS}:read", {"path": str(other.workdir / "private.txt")})
 
-        assert runner.run(neighbour()).error_type == "PermissionError"
+    # The pool root lies in /tmp, so only the sandbox's own directory is in its view.
+    assert runner.run(neighbour()).error_type == "FileNotFoundError"
+
+
+def test_a_neighbour_is_unreadable_where_the_pool_root_is_in_view(runner: LoopThread) -> None:
+    run = Path("/run")
+    if not (run.is_dir() and os.access(run, os.W_OK) and run.stat().st_mode & stat.S_IXOTH):
+        pytest.skip("needs a pool root outside /tmp, /var/tmp and /dev/shm: /run is not usable here")
+    root = Path(tempfile.mkdtemp(prefix="reprorl-sbx-test-", dir=run))
+    try:
+        with running_pool(runner, root=root) as visible:
+
+            async def go() -> tuple[CallResult, CallResult]:
+                async with visible.open() as first, visible.open() as second:
+                    await first.call(f"{TOOLS}:write", {"path": "private.txt", "text": "theirs"})
+                    stolen = await second.call(f"{TOOLS}:read", {"path": str(first.workdir / "private.txt")})
+                    return stolen, await second.call(f"{TOOLS}:listdir", {"path": str(root)})
+
+            stolen, listing = runner.run(go())
+        assert stolen.error_type == "PermissionError" and listing.error_type == "PermissionError"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_nothing_outside_the_sandbox_can_be_written(
     runner: LoopThread, pool: SandboxPool, sandbox: Sandbox
 ) -> None:
-    with sandbox_root() as outside:
-        outside.chmod(0o755)
-        host_file = outside / "host.txt"
-        host_file.write_text("original")
-        host_file.chmod(0o644)
-        for path in (str(host_file), "../evil.txt", "../../evil.txt", str(pool.root / "evil.txt")):
-            probe = runner.run(sandbox.call(f"{TOOLS}:write", {"path": path, "text": "pwned"}))
-            assert probe.error_type == "PermissionError", (path, probe)
-        assert host_file.read_text() == "original"
-        assert not (pool.root / "evil.txt").exists() and not (sandbox.dir / "evil.txt").exists()
-        chmod = run_code(runner, sandbox, f"import os; os.chmod({str(host_file)!r}, 0o666)")
-        assert chmod.error_type == "PermissionError"
+    host_file = sandbox.dir / "host.txt"
+    host_file.write_text("original")
+    host_file.chmod(0o644)
+    for path in (str(host_file), "../evil.txt", "../../evil.txt", str(pool.root / "evil.txt")):
+        probe = runner.run(sandbox.call(f"{TOOLS}:write", {"path": path, "text": "pwned"}))
+        assert probe.error_type == "PermissionError", (path, probe)
+    assert host_file.read_text() == "original"
+    assert not (pool.root / "evil.txt").exists() and not (sandbox.dir / "evil.txt").exists()
+    chmod = run_code(runner, sandbox, f"import os; os.chmod({str(host_file)!r}, 0o666)")
+    assert chmod.error_type == "PermissionError"
 
 
 def test_the_zygote_and_the_pool_are_out_of_reach(
@@ -224,3 +253,133 @@ def test_a_double_forked_orphan_dies_at_freeze(runner: LoopThread, sandbox: Sand
     time.sleep(0.3)
     assert grow.stat().st_size == size
     assert sandbox.uid is not None and uid_processes(sandbox.uid) == []
+
+
+def plant(name: str) -> str:
+    """Code that leaves a file `name` in every scratch directory and checks it is there."""
+    return (
+        "from pathlib import Path\n"
+        f"for d in {SCRATCH_DIRS!r}:\n"
+        f"    Path(d, {name!r}).write_text('left behind')\n"
+        f"    assert Path(d, {name!r}).read_text() == 'left behind'\n"
+        "result = 'planted'"
+    )
+
+
+def look(name: str) -> str:
+    """Code that reports which scratch directories hold a file `name`."""
+    return f"import os\nresult = [d for d in {SCRATCH_DIRS!r} if os.path.lexists(os.path.join(d, {name!r}))]"
+
+
+def on_host(name: str) -> list[str]:
+    return [d for d in SCRATCH_DIRS if Path(d, name).exists() or Path(d, name).is_symlink()]
+
+
+def test_scratch_files_reach_neither_the_host_nor_an_open_neighbour(
+    runner: LoopThread, pool: SandboxPool, sandbox: Sandbox
+) -> None:
+    name = f"reprorl-leak-{secrets.token_hex(6)}"
+    assert run_code(runner, sandbox, plant(name)).value == "planted"
+    assert run_code(runner, sandbox, look(name)).value == str(list(SCRATCH_DIRS))
+    assert on_host(name) == []
+
+    async def neighbour() -> CallResult:
+        async with pool.open() as other:
+            return await other.call(f"{TOOLS}:run_python", {"code": look(name)})
+
+    assert runner.run(neighbour()).value == "[]"
+    runner.run(sandbox.close())
+    assert on_host(name) == []
+
+
+def test_a_later_sandbox_on_the_same_uid_finds_no_scratch_files(runner: LoopThread) -> None:
+    name = f"reprorl-leak-{secrets.token_hex(6)}"
+    # One uid slot, from a range no other test's pool uses, so the second sandbox gets the first's uid.
+    uid_base = 2_800_000 + os.getpid() % 50_000
+    with running_pool(runner, uid_base=uid_base, max_sandboxes=1) as solo:
+
+        async def go() -> tuple[int | None, int | None, CallResult]:
+            first = await solo.open()
+            assert (await first.call(f"{TOOLS}:run_python", {"code": plant(name)})).value == "planted"
+            await first.close()
+            async with solo.open() as later:
+                return first.uid, later.uid, await later.call(f"{TOOLS}:run_python", {"code": look(name)})
+
+        first_uid, later_uid, found = runner.run(go())
+    assert first_uid is not None and first_uid == later_uid
+    assert found.value == "[]"
+    assert on_host(name) == []
+
+
+def test_scratch_files_vanish_when_the_sandbox_process_restarts(runner: LoopThread, sandbox: Sandbox) -> None:
+    name = f"reprorl-leak-{secrets.token_hex(6)}"
+    assert run_code(runner, sandbox, plant(name)).value == "planted"
+    assert run_code(runner, sandbox, "import os; os._exit(1)").crashed
+    assert run_code(runner, sandbox, look(name)).value == "[]"
+
+
+def test_scratch_space_is_bounded_together(runner: LoopThread, pool: SandboxPool) -> None:
+    fill = (
+        "import errno\n"
+        "written = 0\n"
+        "try:\n"
+        f"    for i, d in enumerate({SCRATCH_DIRS!r} * 4):\n"
+        "        with open(f'{d}/fill{i}', 'wb') as f:\n"
+        "            for _ in range(4):\n"
+        "                f.write(b'x' * (1 << 20))\n"
+        "                written += 1 << 20\n"
+        "except OSError as exc:\n"
+        "    assert exc.errno == errno.ENOSPC, exc\n"
+        "result = written"
+    )
+
+    async def go() -> CallResult:
+        async with pool.open(limits=SandboxLimits(tmp_bytes=16 * MIB)) as box:
+            return await box.call(f"{TOOLS}:run_python", {"code": fill})
+
+    written = runner.run(go())
+    assert written.ok, written
+    assert 12 * MIB <= int(written.value) <= 16 * MIB
+
+
+def test_proc_shows_only_the_sandboxs_own_processes(
+    runner: LoopThread, pool: SandboxPool, sandbox: Sandbox
+) -> None:
+    listing = (
+        "import os, subprocess\n"
+        "child = subprocess.Popen(['sleep', '30'])\n"
+        "try:\n"
+        "    result = (sorted(int(e) for e in os.listdir('/proc') if e.isdigit()), child.pid)\n"
+        "finally:\n"
+        "    child.kill()\n"
+        "    child.wait()"
+    )
+    pids, child = ast.literal_eval(run_code(runner, sandbox, listing).value)
+    assert pids == [1, child]
+    zygote = runner.run(pool.zygote())
+    assert os.getpid() not in pids and zygote.pid not in pids
+    for host_pid in (os.getpid(), zygote.pid):
+        probe = runner.run(sandbox.call(f"{TOOLS}:read", {"path": f"/proc/{host_pid}/cmdline"}))
+        assert probe.error_type == "FileNotFoundError", probe
+    assert run_code(runner, sandbox, "import os; result = os.readlink('/proc/self')").value == "1"
+
+
+def test_a_pool_root_behind_a_link_under_a_scratch_dir_still_works(runner: LoopThread) -> None:
+    real = Path(tempfile.mkdtemp(prefix="reprorl-sbx-test-", dir="/var/tmp"))
+    link = Path(tempfile.gettempdir(), f"reprorl-sbx-link-{secrets.token_hex(6)}")
+    try:
+        real.chmod(0o711)
+        link.symlink_to(real)
+        with running_pool(runner, root=link) as linked:
+
+            async def go() -> tuple[CallResult, dict[str, str], Path]:
+                async with linked.open() as box:
+                    await box.call(f"{TOOLS}:write", {"path": "a.txt", "text": "here"})
+                    return await box.call(f"{TOOLS}:read", {"path": "a.txt"}), box.isolation, box.workdir
+
+            read, isolation, workdir = runner.run(go())
+        assert read.value == "here" and isolation["mounts"] == "private_tmp_proc"
+        assert workdir.parent.parent == link and not workdir.exists()
+    finally:
+        link.unlink(missing_ok=True)
+        shutil.rmtree(real, ignore_errors=True)

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from reprorl.envs.sandbox import confine
+from reprorl.envs.sandbox import confine, mounts
 from reprorl.envs.sandbox.context import ToolContext
 from reprorl.envs.sandbox.protocol import encode, recv_frame
 from reprorl.envs.sandbox.result import MAX_ERROR_CHARS, MAX_ERROR_TYPE_CHARS
@@ -27,6 +27,9 @@ def run(channel_fd: int, spec: dict[str, Any]) -> None:
     """Confine this process as `spec` says, then serve calls until the pool closes the channel."""
     status = 70
     try:
+        # Resolved while the host's view still stands: a link on these paths may lead through a
+        # directory that the private mounts cover.
+        spec = {**spec, **{key: os.path.realpath(spec[key]) for key in ("dir", "workdir", "snapshot_dir")}}
         channel = _confine(channel_fd, spec)
         status = 0
         _serve(channel, spec)
@@ -65,6 +68,9 @@ def _isolate(spec: dict[str, Any]) -> dict[str, str]:
     if spec["network"] and confine.unshare_network():
         network = "netns"
     namespace_init = os.getpid() == 1
+    # Mounting needs the privileges that the uid drop below gives up.
+    tmp_bytes = int(spec["limits"]["tmp_bytes"])
+    private = mounts.make_private(spec["dir"], tmp_bytes, own_pid_namespace=namespace_init)
     confine.apply_rlimits(spec["limits"], namespace_init=namespace_init)
     uid, gid = spec["uid"], spec["gid"]
     if uid is not None:
@@ -83,6 +89,7 @@ def _isolate(spec: dict[str, Any]) -> dict[str, str]:
         "uid": "dedicated" if uid is not None else "shared",
         "pid_namespace": "yes" if namespace_init else "no",
         "no_new_privs": "yes" if no_new_privs else "no",
+        "mounts": private,
     }
 
 

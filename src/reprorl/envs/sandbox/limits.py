@@ -42,6 +42,14 @@ class SandboxLimits(BaseModel):
     file_bytes: int = Field(
         default=64 * MIB, ge=0, description="Largest file a sandbox process may write (RLIMIT_FSIZE)."
     )
+    tmp_bytes: int = Field(
+        default=64 * MIB,
+        ge=MIB,
+        description=(
+            "Bytes the sandbox's private /tmp, /var/tmp and /dev/shm may hold together (one tmpfs, so "
+            "host memory beyond memory_bytes); they are private only when the pool runs as root."
+        ),
+    )
     open_files: int = Field(
         default=64, ge=8, description="File descriptors a sandbox process may hold at once (RLIMIT_NOFILE)."
     )

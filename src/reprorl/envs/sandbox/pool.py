@@ -6,8 +6,9 @@
 
 Opening a sandbox forks it from the zygote (a few milliseconds, no new interpreter). Isolation is
 as strong as the process's privileges allow: run as root to get a dedicated uid per sandbox (so
-RLIMIT_NPROC holds and root-only files stay unreadable) and a network namespace; otherwise each
-sandbox records the weaker isolation it actually got in `Sandbox.isolation`.
+RLIMIT_NPROC holds and root-only files stay unreadable), a network namespace, and private /tmp,
+/var/tmp, /dev/shm and /proc (see `mounts.py`); otherwise each sandbox records the weaker isolation
+it actually got in `Sandbox.isolation`.
 """
 
 from __future__ import annotations

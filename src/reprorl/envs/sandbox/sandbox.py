@@ -238,6 +238,7 @@ class Sandbox:
         self._generation += 1
         spec = {
             "token": self._token(),
+            "dir": str(self.dir),
             "workdir": str(self.workdir),
             "snapshot_dir": str(self.snapshot_dir),
             "uid": self.uid,

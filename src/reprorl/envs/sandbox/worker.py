@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from reprorl.envs.sandbox import child, confine, snapshot
+from reprorl.envs.sandbox import child, confine, mounts, snapshot
 from reprorl.envs.sandbox.protocol import CONTROL_MESSAGE_BYTES, decode_control, encode_control
 
 KILL_DEADLINE_S = 10.0
@@ -82,6 +82,7 @@ class Zygote:
         for name in STDLIB_PRELOAD:
             with contextlib.suppress(ImportError):
                 importlib.import_module(name)
+        mounts.scratch_dirs()  # resolved once here rather than in every sandbox process
         tools: dict[str, list[str]] = {}
         errors: dict[str, str] = {}
         for name in message.get("modules", []):

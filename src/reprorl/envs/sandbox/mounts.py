@@ -1,0 +1,145 @@
+"""A sandbox's private view of the filesystem: its own /tmp, /var/tmp, /dev/shm and /proc.
+
+Without it those are shared with the host and with every other sandbox, and uid slots are reused,
+so a file one episode leaves in /tmp could be read by a later episode that runs under the same uid,
+and /proc would list the host's processes with their command lines. The sandbox process applies
+this to itself while still root: a new mount namespace, made private so that nothing it mounts
+reaches the host, one size-limited tmpfs behind all three scratch directories, and a procfs of its
+own PID namespace. It all vanishes with the namespace's last process, so a sandbox process restarted
+after a crash or a timeout starts with empty scratch directories (its work dir is untouched).
+"""
+
+# Plain os calls rather than pathlib: this runs in every freshly forked sandbox process, where each
+# Python object touched costs a copied page, and pathlib touched enough to double the setup time.
+# ruff: noqa: PTH101, PTH102, PTH112, PTH120
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+
+CLONE_NEWNS = 0x00020000
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MS_NOEXEC = 0x8
+MS_BIND = 0x1000
+MS_REC = 0x4000
+MS_PRIVATE = 0x40000
+
+SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+PAGE_BYTES = 4096
+MIN_INODES = 256
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
+
+
+def make_private(sandbox_dir: str, tmp_bytes: int, *, own_pid_namespace: bool) -> str:
+    """Give this process private scratch directories and, in its own PID namespace, its own /proc.
+
+    Needs CAP_SYS_ADMIN; `sandbox_dir` (a real path) stays reachable at the same path even when it
+    lies under a scratch directory. Returns what was achieved, for `isolation["mounts"]`:
+    "private_tmp_proc", "private_tmp", "private_proc" or "shared".
+    """
+    if _libc.unshare(CLONE_NEWNS) != 0:
+        return "shared"
+    try:
+        # The copied mounts may be in the host's peer groups; until this succeeds, anything
+        # mounted here would appear on the host too, so nothing is.
+        _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
+    except OSError:
+        return "shared"
+    tmp = _private_scratch(sandbox_dir, tmp_bytes)
+    proc = own_pid_namespace and _private_proc()
+    if tmp and proc:
+        return "private_tmp_proc"
+    if tmp:
+        return "private_tmp"
+    return "private_proc" if proc else "shared"
+
+
+@functools.cache
+def scratch_dirs() -> tuple[str, ...]:
+    """The scratch directories present here, as real paths, each once (/var/tmp may be a link to /tmp).
+
+    Cached, and asked once by the zygote, so that every sandbox it forks inherits the answer.
+    """
+    found: list[str] = []
+    for path in SCRATCH_DIRS:
+        real = os.path.realpath(path)
+        if real not in found and os.path.isdir(real):
+            found.append(real)
+    return tuple(found)
+
+
+def _private_scratch(sandbox_dir: str, tmp_bytes: int) -> bool:
+    """Cover every scratch directory with a subdirectory of one fresh tmpfs, so one bound holds for all.
+
+    The tmpfs goes on the first directory, its subdirectories are bound onto the others, and last
+    its own subdirectory is bound over the tmpfs's root, which nothing can reach after that.
+    """
+    targets = scratch_dirs()
+    if not targets:
+        return True
+    covered = any(sandbox_dir.startswith(target + "/") for target in targets)
+    # Opened before the tmpfs hides it: the path through /proc/self/fd still leads to it afterwards.
+    sandbox_fd = os.open(sandbox_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if covered else -1
+    try:
+        staging = targets[0]
+        # tmpfs counts data pages against size= but not inodes, so empty files need their own bound.
+        inodes = max(MIN_INODES, tmp_bytes // PAGE_BYTES)
+        options = f"size={tmp_bytes},nr_inodes={inodes},mode=1777"
+        try:
+            _mount("tmpfs", staging, "tmpfs", MS_NOSUID | MS_NODEV, options)
+        except OSError:
+            return False  # not permitted here (e.g. a security module forbids mounts): nothing changed
+        # From here on a failure is not a missing permission but a broken view, which must not run
+        # tools: it propagates and the sandbox fails to start.
+        subdirs = {target: staging + "/" + target.strip("/").replace("/", "-") for target in targets}
+        for subdir in subdirs.values():
+            _make_dir(subdir, 0o1777)
+        for target in (*targets[1:], staging):
+            _mount(subdirs[target], target, None, MS_BIND, None)
+        if covered:
+            _recreate(sandbox_dir, sandbox_fd)
+    finally:
+        if sandbox_fd >= 0:
+            os.close(sandbox_fd)
+    return True
+
+
+def _recreate(sandbox_dir: str, sandbox_fd: int) -> None:
+    """Bind the sandbox's own directory back at its path, the only one of the pool's the sandbox sees here."""
+    missing = [sandbox_dir]
+    while not os.path.isdir(os.path.dirname(missing[-1])):
+        missing.append(os.path.dirname(missing[-1]))
+    for path in reversed(missing):
+        _make_dir(path, 0o711)  # like the pool root: passable, not listable, root's
+    _mount(f"/proc/self/fd/{sandbox_fd}", sandbox_dir, None, MS_BIND | MS_REC, None)
+
+
+def _make_dir(path: str, mode: int) -> None:
+    os.mkdir(path)
+    os.chmod(path, mode)  # mkdir's mode is filtered by the umask
+
+
+def _private_proc() -> bool:
+    """Mount a procfs of this process's PID namespace on /proc, so it shows only the sandbox's processes."""
+    try:
+        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+    except OSError:
+        # e.g. a container whose own /proc hides parts behind other mounts: the kernel then refuses
+        # a fresh one that would reveal them. The host's /proc stays, and isolation says so.
+        return False
+    return True
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None) -> None:
+    if _libc.mount(_encode(source), _encode(target), _encode(fstype), flags, _encode(data)) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"mount {target}: {os.strerror(errno)}")
+
+
+def _encode(text: str | None) -> bytes | None:
+    return None if text is None else os.fsencode(text)

@@ -5,6 +5,7 @@ The public API is re-exported here; submodules are layers (see docs/architecture
 
 from importlib.metadata import PackageNotFoundError, version
 
+from reprorl.actions import Action, parse_action, render_call
 from reprorl.config import (
     ArtifactRef,
     BudgetSpec,
@@ -21,6 +22,8 @@ from reprorl.config import (
     resolve_spec,
     validate_spec,
 )
+from reprorl.envs import EnvConfig, Tool, ToolEnv, tool
+from reprorl.envs.sandbox import SandboxLimits, SandboxPool
 from reprorl.errors import (
     ArtifactNotFoundError,
     FloatingReferenceError,
@@ -37,6 +40,8 @@ from reprorl.errors import (
 from reprorl.hashing import canonical_json, content_hash
 from reprorl.orchestrate import create_run
 from reprorl.refs import parse_ref
+from reprorl.rewards import FinalState, Verifier, VerifierRunner
+from reprorl.rollout import FAMILIES, EpisodeIds, EpisodeLimits, ScriptedPolicy, ToolStats, run_episode
 from reprorl.store import ArtifactVersion, ContentStore, Registry, RunRecord, Store, find_run
 from reprorl.types import (
     Message,
@@ -61,13 +66,19 @@ except PackageNotFoundError:  # running from a source tree without an install
     __version__ = "0.0.0"
 
 __all__ = [
+    "FAMILIES",
+    "Action",
     "ArtifactNotFoundError",
     "ArtifactRef",
     "ArtifactVersion",
     "BudgetSpec",
     "ContentStore",
     "DataSpec",
+    "EnvConfig",
+    "EpisodeIds",
+    "EpisodeLimits",
     "EvaluationSpec",
+    "FinalState",
     "FloatingReferenceError",
     "FullFineTune",
     "IntegrityError",
@@ -89,6 +100,9 @@ __all__ = [
     "RunRecord",
     "RunSpec",
     "SamplingParams",
+    "SandboxLimits",
+    "SandboxPool",
+    "ScriptedPolicy",
     "SpecError",
     "Split",
     "Store",
@@ -96,19 +110,28 @@ __all__ = [
     "Task",
     "TaskSet",
     "Termination",
+    "Tool",
     "ToolCall",
+    "ToolEnv",
     "ToolOutcome",
     "ToolResult",
+    "ToolStats",
     "Trajectory",
     "Turn",
     "UserInputError",
+    "Verifier",
+    "VerifierRunner",
     "__version__",
     "canonical_json",
     "content_hash",
     "create_run",
     "find_run",
     "load_spec",
+    "parse_action",
     "parse_ref",
+    "render_call",
     "resolve_spec",
+    "run_episode",
+    "tool",
     "validate_spec",
 ]

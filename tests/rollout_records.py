@@ -33,7 +33,6 @@ def turn(index: int, seed: int, *results: ToolResult, finish: str = "tool_call")
         text=f"turn {index}: größer als ∑ — <tool_call>…",
         tool_calls=calls,
         tool_results=results,
-        observation_token_ids=(1, 2, 3),
         policy_version="adapter@step-3",
         finish_reason=finish,  # type: ignore[arg-type]
         sample_s=0.25,

@@ -214,14 +214,31 @@ class Turn(Record):
     """One model turn: the tokens as sampled (never re-rendered) and what the tools returned."""
 
     index: int = Field(ge=0)
-    prompt_token_ids: tuple[int, ...] = ()
-    token_ids: tuple[int, ...] = ()
-    logprobs: tuple[float, ...] = ()
+    prompt_token_ids: tuple[int, ...] = Field(
+        default=(),
+        description="Tokens appended to the context before this turn's sample: the whole rendered prompt "
+        "on turn 0, the rendered tool results and next generation prompt after that. The context of "
+        "turn t is the concatenation, over turns up to t, of prompt_token_ids and (before t) token_ids.",
+    )
+    token_ids: tuple[int, ...] = Field(default=(), description="The sampled tokens, exactly as drawn.")
+    logprobs: tuple[float, ...] = Field(
+        default=(), description="Behaviour logprob of each sampled token (temperature-scaled, unfiltered)."
+    )
     text: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
     tool_results: tuple[ToolResult, ...] = ()
-    observation_token_ids: tuple[int, ...] = ()
-    policy_version: str = ""
+    policy_version: str = Field(default="", description="The exact weights this turn was sampled from.")
+    seed: int | None = Field(default=None, description="Seed of this turn's sampling generator.")
+    batch: tuple[str, ...] = Field(
+        default=(),
+        description="Keys ('<rollout_id>/<turn>') of every row sampled in the same batch, in slot order; "
+        "replay re-runs that batch as it was.",
+    )
+    rerender_ok: bool | None = Field(
+        default=None,
+        description="Whether rendering the conversation afresh with the chat template gives exactly the "
+        "context's tokens (the exact-prefix check); None when not checked.",
+    )
     finish_reason: Literal["stop", "length", "tool_call", "error"] = "stop"
     sample_s: float = Field(default=0.0, ge=0.0)
     tool_s: float = Field(default=0.0, ge=0.0)
@@ -263,14 +280,34 @@ class Trajectory(Record):
     process_rewards: tuple[float, ...] = ()
     termination: Termination
     error: str | None = Field(default=None, description="Details of an infra or sandbox failure.")
-    infra_retries: int = Field(default=0, ge=0)
+    infra_retries: int = Field(default=0, ge=0, description="Infra failures retried before this record.")
+    retried: bool = Field(
+        default=False, description="An infra-failed attempt that was run again; never the agent's result."
+    )
     prompt_tokens: int = Field(default=0, ge=0)
     completion_tokens: int = Field(default=0, ge=0)
-    cost_usd: float = Field(default=0.0, ge=0.0)
+    cost_usd: float = Field(default=0.0, ge=0.0, description="From the run spec's price table.")
     wall_s: float = Field(default=0.0, ge=0.0)
+    cpu_s: float = Field(
+        default=0.0, ge=0.0, description="CPU seconds: this rollout's share of its sampling batches."
+    )
+    step: int = Field(default=0, ge=0, description="Training step (or eval point) the rollout belongs to.")
+    member: int = Field(default=0, ge=0, description="Index of this rollout within its group.")
+    sampler: dict[str, JsonValue] = Field(
+        default_factory=dict, description="How it was sampled: kind, dtype, threads, model hash."
+    )
     sandbox: dict[str, JsonValue] = Field(
         default_factory=dict, description="The episode's sandbox: limits, isolation achieved, restarts."
     )
 
     def tool_outcomes(self) -> list[ToolOutcome]:
         return [r.outcome for turn in self.turns for r in turn.tool_results]
+
+    def context_ids(self, turn: int) -> tuple[int, ...]:
+        """The exact token context turn `turn` was sampled from (token-in/token-out)."""
+        ids: list[int] = []
+        for t in self.turns[: turn + 1]:
+            ids.extend(t.prompt_token_ids)
+            if t.index < turn:
+                ids.extend(t.token_ids)
+        return tuple(ids)

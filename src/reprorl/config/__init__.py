@@ -19,6 +19,7 @@ from reprorl.config.spec import (
     LoraAdapter,
     ModelSpec,
     NoiseSpec,
+    PriceTable,
     RollbackRule,
     RunSpec,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "ModelSpec",
     "NoiseSpec",
     "ParsedRef",
+    "PriceTable",
     "RefError",
     "RollbackRule",
     "RunSpec",

@@ -72,6 +72,11 @@ class ModelSpec(SpecModel):
             custom_error_message="adapter kind must be 'lora' or 'full'",
         ),
     ] = Field(default_factory=LoraAdapter, description="What is trained; `kind` defaults to 'lora'.")
+    sampling_dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32",
+        description="Precision the local sampler runs in; bfloat16 is faster where the CPU has it, and "
+        "the trainer's importance weights correct the mismatch.",
+    )
     chat_template: ArtifactRef | None = Field(
         default=None, description="Override of the model's own chat template; none = its own."
     )
@@ -173,6 +178,14 @@ class LearningSpec(SpecModel):
     top_k: int = Field(default=0, ge=0, description="Top-k sampling; 0 = off.")
     max_tokens: int = Field(default=256, ge=1, description="Max new tokens per model turn.")
     max_turns: int = Field(default=6, ge=1, description="Max model turns per episode.")
+    episode_wall_s: float = Field(
+        default=1800.0, gt=0.0, description="Wall-clock limit of one episode, sampling included."
+    )
+    rollout_concurrency: int = Field(
+        default=32,
+        ge=1,
+        description="Episodes run at once; their model turns are sampled together (it shapes the batches).",
+    )
     drop_zero_variance_groups: bool = Field(
         default=True, description="Skip groups whose rewards are all equal (no signal); counted."
     )
@@ -227,9 +240,29 @@ class EvaluationSpec(SpecModel):
     )
 
 
+class PriceTable(SpecModel):
+    """What compute costs; every rollout's `cost_usd` is priced with it (0 = free)."""
+
+    prompt_usd_per_mtok: float = Field(
+        default=0.0, ge=0.0, description="USD per million prompt tokens (hosted inference)."
+    )
+    completion_usd_per_mtok: float = Field(
+        default=0.0, ge=0.0, description="USD per million sampled tokens (hosted inference)."
+    )
+    cpu_usd_per_hour: float = Field(default=0.0, ge=0.0, description="USD per CPU-hour of local compute.")
+
+    def cost(self, prompt_tokens: int, completion_tokens: int, cpu_s: float) -> float:
+        return (
+            prompt_tokens * self.prompt_usd_per_mtok / 1e6
+            + completion_tokens * self.completion_usd_per_mtok / 1e6
+            + cpu_s * self.cpu_usd_per_hour / 3600.0
+        )
+
+
 class BudgetSpec(SpecModel):
     """Caps that stop a run before it spends more than agreed; none = no cap."""
 
+    prices: PriceTable = Field(default_factory=PriceTable, description="Prices for cost accounting.")
     max_usd: float | None = Field(default=None, ge=0.0, description="Total compute cost cap.")
     max_wall_s: float | None = Field(default=None, gt=0.0, description="Wall-clock cap, seconds.")
     max_tokens: int | None = Field(default=None, gt=0, description="Sampled-token cap.")

@@ -95,7 +95,9 @@ class ChatRenderer:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, ids: Sequence[int]) -> str:
-        return str(self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False))
+        return str(
+            self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        )
 
     def prompt_ids(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] = ()) -> list[int]:
         """The first context: the whole conversation so far plus the generation prompt."""

@@ -25,6 +25,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from reprorl.actions import CLOSE
+from reprorl.policy.models import LoadedModel
 from reprorl.types import SamplingParams
 
 FinishReason = Literal["stop", "length", "tool_call"]
@@ -107,11 +108,24 @@ class LocalSampler:
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 1 << 30))
         # Stop strings are checked only after a token that can complete one (its text holds the
         # stop string's last character): a table lookup instead of a decode per row and step.
-        vocab = len(tokenizer)
-        pieces = tokenizer.convert_ids_to_tokens(list(range(vocab)))
-        tails = {s[-1] for s in self.stop_strings}
-        self._may_end_stop = [any(t in (p or "") for t in tails) for p in pieces]
-        self._tail_tokens = max((len(tokenizer.encode(s, add_special_tokens=False)) for s in stop_strings), default=1) + 2
+        pieces = tokenizer.batch_decode(
+            [[i] for i in range(len(tokenizer))], clean_up_tokenization_spaces=False
+        )
+        tails = {s[-1] for s in self.stop_strings if s}
+        self._may_end_stop = [any(t in piece for t in tails) for piece in pieces]
+        self._tail_tokens = (
+            max((len(tokenizer.encode(s, add_special_tokens=False)) for s in stop_strings), default=1) + 2
+        )
+
+    @classmethod
+    def from_loaded(cls, loaded: LoadedModel, *, policy_version: str | None = None) -> LocalSampler:
+        """A sampler of a loaded base model (or of the adapter already applied to it)."""
+        return cls(
+            loaded.model,
+            loaded.tokenizer,
+            model_hash=loaded.base_hash,
+            policy_version=policy_version or f"base:{loaded.base_hash}",
+        )
 
     @property
     def dtype(self) -> torch.dtype:
@@ -144,7 +158,11 @@ class LocalSampler:
                 token_ids=tuple(row.tokens),
                 logprobs=tuple(row.logprobs),
                 finish_reason=row.finish or "length",
-                text=self.tokenizer.decode(row.tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False),
+                text=str(
+                    self.tokenizer.decode(
+                        row.tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False
+                    )
+                ),
                 batch=keys,
                 policy_version=self.policy_version,
             )
@@ -165,7 +183,10 @@ class LocalSampler:
         active = list(range(len(rows)))
         logits = self._forward(ids, mask, positions, cache, device)
         next_pos = positions[:, -1] + 1
-        budget = [min(r.request.params.max_tokens, self.max_positions - n) for r, n in zip(rows, lengths)]
+        budget = [
+            min(r.request.params.max_tokens, self.max_positions - n)
+            for r, n in zip(rows, lengths, strict=True)
+        ]
         while True:
             chosen = self._choose(logits, [rows[i] for i in active])
             keep: list[int] = []
@@ -200,7 +221,8 @@ class LocalSampler:
             use_cache=True,
             logits_to_keep=1,
         )
-        return out.logits[:, -1, :].float().cpu()
+        logits: torch.Tensor = out.logits[:, -1, :].float().cpu()
+        return logits
 
     def _choose(self, logits: torch.Tensor, rows: list[_Row]) -> list[tuple[int, float]]:
         """Draw one token per row from its own generator; return (token, logprob) pairs."""
@@ -237,9 +259,12 @@ class LocalSampler:
             row.finish = "stop"
         elif self._may_end_stop[token] if token < len(self._may_end_stop) else False:
             tail = self.tokenizer.decode(
-                row.tokens[-self._tail_tokens :], skip_special_tokens=False, clean_up_tokenization_spaces=False
+                row.tokens[-self._tail_tokens :],
+                skip_special_tokens=False,
+                clean_up_tokenization_spaces=False,
             )
-            if any(tail.endswith(s) for s in self.stop_strings):
+            # `in`, not `endswith`: the token that completes a stop string may carry more text.
+            if any(s in tail for s in self.stop_strings):
                 row.finish = "tool_call"
         if row.finish is None and len(row.tokens) >= budget:
             row.finish = "length"

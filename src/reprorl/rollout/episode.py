@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from reprorl.actions import parse_action
 from reprorl.envs.base import ToolEnv
 from reprorl.envs.sandbox import SandboxPool
+from reprorl.hashing import derive_seed
 from reprorl.rewards import FinalState, Verifier, VerifierRunner, compose, process_components, step_scores
 from reprorl.types import (
     Message,
@@ -39,6 +40,10 @@ class PolicyOutput:
     prompt_token_ids: tuple[int, ...] = ()
     policy_version: str = ""
     finish_reason: str = "stop"
+    seed: int | None = None
+    batch: tuple[str, ...] = ()
+    rerender_ok: bool | None = None
+    cpu_s: float = 0.0
 
 
 class Policy(Protocol):
@@ -75,16 +80,37 @@ class EpisodeLimits:
 
 @dataclass(frozen=True)
 class EpisodeIds:
+    """Where the episode sits in the run; `seed` is the member's own, derived from the run's."""
+
     run_id: str
     rollout_id: str
     group_id: str = ""
     seed: int = 0
+    step: int = 0
+    member: int = 0
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Which model, adapter, template and sampler the policy is; copied onto every trajectory."""
+
+    base_model_hash: str = ""
+    adapter_version: str | None = None
+    prompt_template_hash: str = ""
+    sampler: dict[str, Any] = field(default_factory=dict)
+
+
+def turn_seed(episode_seed: int, turn: int) -> int:
+    """Each turn's sampling seed: distinct per turn, a pure function of the member's seed."""
+    return derive_seed(episode_seed, "turn", turn)
 
 
 @dataclass
 class _Progress:
     turns: list[Turn] = field(default_factory=list)
     completion_tokens: int = 0
+    prompt_tokens: int = 0
+    cpu_s: float = 0.0
     termination: Termination | None = None
     error: str | None = None
 
@@ -101,9 +127,11 @@ async def run_episode(
     limits: EpisodeLimits | None = None,
     weights: dict[str, float] | None = None,
     sampling: SamplingParams | None = None,
+    provenance: Provenance | None = None,
 ) -> Trajectory:
     """Run `policy` on `task` in `env` and return the complete record, whatever happens."""
     limits = limits or EpisodeLimits()
+    provenance = provenance or Provenance()
     started = time.perf_counter()
     progress = _Progress()
     reward = None
@@ -142,13 +170,21 @@ async def run_episode(
         env_version=type(env).version(env.config),
         tool_versions={t.name: t.version for t in env.tools},
         policy_version=progress.turns[-1].policy_version if progress.turns else "",
-        sampling=sampling or SamplingParams(seed=ids.seed),
+        prompt_template_hash=provenance.prompt_template_hash,
+        base_model_hash=provenance.base_model_hash,
+        adapter_version=provenance.adapter_version,
+        sampler=provenance.sampler,
+        sampling=(sampling or SamplingParams()).model_copy(update={"seed": ids.seed}),
+        step=ids.step,
+        member=ids.member,
         turns=tuple(progress.turns),
         reward=reward,
         process_rewards=step_scores(progress.turns),
         termination=progress.termination or Termination.INFRA_ERROR,
         error=progress.error,
         completion_tokens=progress.completion_tokens,
+        prompt_tokens=progress.prompt_tokens,
+        cpu_s=progress.cpu_s,
         wall_s=time.perf_counter() - started,
         sandbox=sandbox_info,
     )
@@ -170,9 +206,11 @@ async def _loop(
     messages = list(observation.messages)
     for index in range(limits.max_turns):
         sample_start = time.perf_counter()
-        output = await policy.act(messages, observation.tools, seed=ids.seed + index)
+        output = await policy.act(messages, observation.tools, seed=turn_seed(ids.seed, index))
         sample_s = time.perf_counter() - sample_start
         progress.completion_tokens += len(output.token_ids)
+        progress.prompt_tokens += len(output.prompt_token_ids)
+        progress.cpu_s += output.cpu_s
         action = parse_action(output.text, turn_id=f"{ids.rollout_id}.{index}")
         tool_start = time.perf_counter()
         step = await env.step(action)
@@ -186,6 +224,9 @@ async def _loop(
                 tool_calls=action.tool_calls,
                 tool_results=step.tool_results,
                 policy_version=output.policy_version,
+                seed=output.seed,
+                batch=output.batch,
+                rerender_ok=output.rerender_ok,
                 finish_reason="tool_call"
                 if action.tool_calls
                 else ("length" if output.finish_reason == "length" else "stop"),

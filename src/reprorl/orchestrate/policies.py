@@ -1,0 +1,71 @@
+"""Opening a policy from stored artifacts: base model, adapter, precision and threads, as records name them.
+
+The same function serves a new run (from its spec) and a replay (from a trajectory's record), so a
+replayed rollout is sampled by a policy built exactly the way the original was.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from reprorl.errors import UserInputError
+from reprorl.policy import LoadedModel, load_adapter, load_base
+from reprorl.policy.chat import ChatRenderer
+from reprorl.policy.sampling import LocalSampler
+from reprorl.rollout.episode import Provenance
+from reprorl.store import Store
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class OpenedPolicy:
+    """A sampler ready for the rollout runner, and what every trajectory will record about it."""
+
+    loaded: LoadedModel
+    sampler: LocalSampler
+    renderer: ChatRenderer
+    provenance: Provenance
+
+
+def open_policy(
+    store: Store,
+    base: str,
+    *,
+    adapter: str | None = None,
+    dtype: str = "float32",
+    threads: int | None = None,
+) -> OpenedPolicy:
+    """Load `base` (a reference or hash in `store`) with an optional stored adapter, for sampling."""
+    if dtype not in DTYPES:
+        raise UserInputError(f"sampling dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    if threads is not None and threads != torch.get_num_threads():
+        # Reduction order depends on how the work is split; a replay must split it the same way.
+        torch.set_num_threads(threads)
+    loaded = load_base(base, store=store, dtype=DTYPES[dtype])
+    adapter_version = None
+    policy_version = f"base:{loaded.base_hash}"
+    model = loaded.model
+    if adapter is not None:
+        resolved = store.resolve(adapter)
+        with tempfile.TemporaryDirectory(prefix="reprorl-adapter-") as scratch:
+            folder = store.export(adapter, Path(scratch) / "adapter")
+            peft_model = load_adapter(loaded.model, folder, expected_hash=resolved.hash)
+            model = peft_model.merge_and_unload()
+        adapter_version = resolved.hash
+        policy_version = f"adapter:{resolved.hash}"
+    sampler = LocalSampler(
+        model, loaded.tokenizer, model_hash=loaded.base_hash, policy_version=policy_version
+    )
+    renderer = ChatRenderer(loaded.tokenizer)
+    provenance = Provenance(
+        base_model_hash=loaded.base_hash,
+        adapter_version=adapter_version,
+        prompt_template_hash=renderer.template_hash,
+        sampler=sampler.info(),
+    )
+    return OpenedPolicy(loaded, sampler, renderer, provenance)

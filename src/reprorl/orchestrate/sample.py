@@ -1,0 +1,134 @@
+"""Sampling jobs: the rollout half of a run spec, recorded as a run — groups of the policy on its tasks.
+
+`reprorl sample SPEC` runs the spec's policy on its train tasks for some steps without training:
+each step draws `tasks_per_step` tasks (a seeded shuffle) and G rollouts of each, and stores every
+trajectory, failed attempts included, under the run. It is how a baseline is recorded, and the
+producer the training loop drives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+from collections.abc import Sequence
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from reprorl.config import RunSpec
+from reprorl.envs.base import EnvConfig
+from reprorl.hashing import derive_seed
+from reprorl.orchestrate.launch import create_run
+from reprorl.orchestrate.policies import OpenedPolicy, open_policy
+from reprorl.rollout.episode import EpisodeLimits
+from reprorl.rollout.runner import RolloutResult, RolloutRunner, plan_groups
+from reprorl.store import RunRecord, Store
+from reprorl.store.rollouts import RolloutWriter
+from reprorl.types import SamplingParams, Split, Task, TaskSet, Termination
+
+
+def load_taskset(store: Store, ref: str) -> TaskSet:
+    """A stored task set, read and checked against its hash."""
+    resolved = store.resolve(ref)
+    name = resolved.version.name if resolved.version else ref
+    return TaskSet.from_jsonl(name, store.read(ref), source=ref)
+
+
+def sampling_params(spec: RunSpec) -> SamplingParams:
+    learning = spec.learning
+    return SamplingParams(
+        temperature=learning.temperature,
+        top_p=learning.top_p,
+        top_k=learning.top_k,
+        max_tokens=learning.max_tokens,
+    )
+
+
+def step_tasks(tasks: Sequence[Task], spec: RunSpec, step: int) -> list[Task]:
+    """The tasks of one step: a seeded draw without replacement, the same on every rerun."""
+    count = min(spec.learning.tasks_per_step, len(tasks))
+    return random.Random(derive_seed(spec.seed, "tasks", step)).sample(list(tasks), count)
+
+
+def episode_limits(spec: RunSpec) -> EpisodeLimits:
+    learning = spec.learning
+    return EpisodeLimits(
+        max_turns=learning.max_turns,
+        max_tokens=learning.max_turns * learning.max_tokens,
+        wall_s=learning.episode_wall_s,
+    )
+
+
+def runner_for(opened: OpenedPolicy, spec: RunSpec, run_id: str) -> RolloutRunner:
+    learning = spec.learning
+    return RolloutRunner(
+        opened.sampler,
+        opened.renderer,
+        run_id=run_id,
+        params=sampling_params(spec),
+        provenance=opened.provenance,
+        limits=episode_limits(spec),
+        env_config=EnvConfig.from_spec(spec.data),
+        reward_weights=spec.data.reward_weights,
+        prices=spec.budget.prices,
+        concurrency=learning.rollout_concurrency,
+        max_batch=learning.rollout_concurrency,
+    )
+
+
+def step_metrics(result: RolloutResult) -> dict[str, float]:
+    finals = result.trajectories
+    rewards = [t.reward.total if t.reward else 0.0 for t in finals]
+    return {
+        "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
+        "success": statistics.fmean(r >= 1.0 for r in rewards) if rewards else 0.0,
+        "rollouts": float(len(finals)),
+        "infra_retries": float(len(result.retried)),
+        "infra_failures": float(sum(t.termination is Termination.INFRA_ERROR for t in finals)),
+        "completion_tokens": float(sum(t.completion_tokens for t in finals)),
+        "cost_usd": sum(t.cost_usd for t in result.all()),
+        "cpu_s": sum(t.cpu_s for t in result.all()),
+    }
+
+
+async def sample_run(store: Store, spec: RunSpec, *, steps: int, show_progress: bool = True) -> RunRecord:
+    """Record a run of `spec`'s policy on its train tasks for `steps` steps (no training)."""
+    tasks = load_taskset(store, str(spec.data.train)).split(Split.TRAIN)
+    if not tasks:
+        raise ValueError(f"data.train: {spec.data.train} has no train-split tasks")
+    opened = open_policy(store, str(spec.model.base), dtype=spec.model.sampling_dtype)
+    record = create_run(spec, store)
+    record.set_status("running")
+    writer = RolloutWriter(record)
+    total = steps * min(spec.learning.tasks_per_step, len(tasks)) * spec.learning.group_size
+    try:
+        with Progress(
+            TextColumn("sampling"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            disable=not show_progress,
+            transient=True,
+        ) as progress:
+            bar = progress.add_task("rollouts", total=total)
+            async with runner_for(opened, spec, record.run_id) as runner:
+                for step in range(steps):
+                    jobs = plan_groups(
+                        step_tasks(tasks, spec, step),
+                        spec.learning.group_size,
+                        run_id=record.run_id,
+                        run_seed=spec.seed,
+                        step=step,
+                    )
+                    result = await runner.run(jobs, on_done=lambda _: progress.advance(bar))
+                    writer.write(step, result.all())
+                    record.log_metrics(step, step_metrics(result))
+    except BaseException as exc:
+        record.set_status("failed", error=f"{type(exc).__name__}: {exc}"[:500])
+        raise
+    record.set_status("succeeded")
+    return record
+
+
+def sample_run_sync(store: Store, spec: RunSpec, *, steps: int, show_progress: bool = True) -> RunRecord:
+    return asyncio.run(sample_run(store, spec, steps=steps, show_progress=show_progress))

@@ -1,0 +1,164 @@
+"""A model as an episode's policy: token-in/token-out contexts, sampled in deterministic lockstep batches.
+
+Concurrent episodes share one sampler. `Lockstep` batches their requests so that a rerun with the
+same seeds builds the same batches: episodes run in lanes, and a batch is sampled only when every
+lane that is still working has asked for its next turn (or finished). Which requests share a batch
+therefore depends on what the episodes did, never on how fast their tools happened to answer, and
+floating-point results (which depend on the batch) are reproducible; each turn records its batch so
+a replay can re-run it as it was.
+
+`ModelPolicy` holds one episode's context as token ids: the first prompt is rendered once, then
+only sampled tokens and rendered tool results are appended (see `reprorl.policy.chat`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from reprorl.policy.chat import ChatRenderer
+from reprorl.policy.sampling import Sample, Sampler, SampleRequest
+from reprorl.rollout.episode import PolicyOutput
+from reprorl.types import Message, SamplingParams
+
+
+class Lockstep:
+    """Batches sample requests from lanes of episodes at deterministic barriers."""
+
+    def __init__(self, sampler: Sampler, *, max_batch: int = 32) -> None:
+        if max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
+        self.sampler = sampler
+        self.max_batch = max_batch
+        self._lanes: set[int] = set()
+        self._pending: dict[int, tuple[SampleRequest, asyncio.Future[tuple[Sample, float]]]] = {}
+        self._running = False
+        self.batches = 0
+
+    def join(self, lane: int) -> None:
+        self._lanes.add(lane)
+
+    def leave(self, lane: int) -> None:
+        """The lane has no more episodes; stop waiting for it."""
+        self._lanes.discard(lane)
+        self._maybe_fire()
+
+    async def sample(self, lane: int, request: SampleRequest) -> tuple[Sample, float]:
+        """Wait for the barrier, then return this request's sample and its share of CPU seconds."""
+        if lane not in self._lanes:
+            raise RuntimeError(f"lane {lane} has not joined")
+        future: asyncio.Future[tuple[Sample, float]] = asyncio.get_running_loop().create_future()
+        self._pending[lane] = (request, future)
+        self._maybe_fire()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            # A lane cut off by its wall-time limit must not hold the others at the barrier.
+            if self._pending.get(lane, (None, None))[1] is future:
+                del self._pending[lane]
+            self._maybe_fire()
+            raise
+
+    def _maybe_fire(self) -> None:
+        if self._running or not self._pending or not self._lanes.issubset(self._pending):
+            return
+        batch = [self._pending.pop(lane) for lane in sorted(self._pending)]
+        self._running = True
+        asyncio.get_running_loop().create_task(self._run(batch))
+
+    async def _run(self, batch: list[tuple[SampleRequest, asyncio.Future[tuple[Sample, float]]]]) -> None:
+        try:
+            for start in range(0, len(batch), self.max_batch):
+                await self._run_chunk(batch[start : start + self.max_batch])
+        finally:
+            self._running = False
+            self._maybe_fire()
+
+    async def _run_chunk(
+        self, chunk: list[tuple[SampleRequest, asyncio.Future[tuple[Sample, float]]]]
+    ) -> None:
+        try:
+            samples, cpu = await asyncio.to_thread(self._sample, [r for r, _ in chunk])
+        except Exception as exc:
+            if len(chunk) > 1:
+                # One bad request must not fail its neighbours: sample each row on its own, so
+                # only the rows that fail alone become (retried) infra failures.
+                for row in chunk:
+                    await self._run_chunk([row])
+                return
+            if not chunk[0][1].done():
+                chunk[0][1].set_exception(exc)
+            return
+        self.batches += 1
+        for (_, future), sample in zip(chunk, samples, strict=True):
+            if not future.done():
+                future.set_result((sample, cpu / len(chunk)))
+
+    def _sample(self, requests: list[SampleRequest]) -> tuple[list[Sample], float]:
+        started = time.process_time()
+        samples = self.sampler.sample(requests)
+        return samples, time.process_time() - started
+
+
+Submit = Callable[[SampleRequest], Awaitable[tuple[Sample, float]]]
+
+
+class ModelPolicy:
+    """One episode's model policy: appends to a token context, never re-renders it.
+
+    `submit` samples one request (through a `Lockstep`, or a replay's recorded batch) and returns
+    the sample with this row's share of CPU seconds.
+    """
+
+    def __init__(
+        self,
+        submit: Submit,
+        renderer: ChatRenderer,
+        params: SamplingParams,
+        rollout_id: str,
+        *,
+        check_prefix: bool = True,
+    ) -> None:
+        self.submit, self.renderer = submit, renderer
+        self.params, self.rollout_id, self.check_prefix = params, rollout_id, check_prefix
+        self.context: list[int] = []
+        self._last: tuple[int, ...] = ()
+        self._seen = 0
+        self._turn = 0
+
+    async def act(
+        self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], *, seed: int
+    ) -> PolicyOutput:
+        if not self.context:
+            added = self.renderer.prompt_ids(messages, tools)
+        else:
+            added = self.renderer.observation_ids(self._last, messages[self._seen :])
+        self.context.extend(added)
+        rerender_ok = (
+            self.renderer.rerender_matches(messages, tools, self.context) if self.check_prefix else None
+        )
+        request = SampleRequest(
+            key=f"{self.rollout_id}/{self._turn}",
+            prompt_ids=tuple(self.context),
+            params=self.params,
+            seed=seed,
+        )
+        sample, cpu_s = await self.submit(request)
+        self.context.extend(sample.token_ids)
+        self._last = sample.token_ids
+        self._seen = len(messages) + 1  # the episode appends this reply before the tool results
+        self._turn += 1
+        return PolicyOutput(
+            text=sample.text,
+            token_ids=sample.token_ids,
+            logprobs=sample.logprobs,
+            prompt_token_ids=tuple(added),
+            policy_version=sample.policy_version,
+            finish_reason=sample.finish_reason,
+            seed=seed,
+            batch=sample.batch,
+            rerender_ok=rerender_ok,
+            cpu_s=cpu_s,
+        )

@@ -1,0 +1,227 @@
+"""The rollout runner: groups of G episodes per task, run concurrently against one sampler.
+
+Jobs are planned from the run's seed (`plan_groups`): member m of task t at step s gets the seed
+`derive_seed(run_seed, kind, s, t, m)`, so a rerun draws the same groups and members differ. The
+runner spreads jobs over `concurrency` lanes; each lane runs its jobs one after another, and the
+lanes' model turns are batched in lockstep (see `reprorl.rollout.model_policy`).
+
+An infrastructure failure (the sandbox would not start, the sampler raised) is not the agent's: the
+episode is run again from the start, up to `max_infra_retries` times. The failed attempt is kept as
+its own record with `retried=True`, and the rollout that counts carries `infra_retries`. An attempt
+runs under the id `<rollout_id>~<attempt>` after the first, so every record's id is unique.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from functools import partial
+from types import TracebackType
+from typing import Self
+
+from reprorl.config.spec import PriceTable
+from reprorl.envs.base import EnvConfig
+from reprorl.envs.sandbox import SandboxLimits, SandboxPool
+from reprorl.errors import UserInputError
+from reprorl.hashing import derive_seed
+from reprorl.policy.chat import ChatRenderer
+from reprorl.policy.sampling import Sampler
+from reprorl.rewards import VerifierRunner
+from reprorl.rollout.episode import EpisodeIds, EpisodeLimits, Provenance, run_episode
+from reprorl.rollout.families import FAMILIES, Family
+from reprorl.rollout.model_policy import Lockstep, ModelPolicy
+from reprorl.types import SamplingParams, Task, Termination, Trajectory
+
+
+@dataclass(frozen=True)
+class RolloutJob:
+    """One rollout to produce: a task, its place in a group, and its seed."""
+
+    task: Task
+    rollout_id: str
+    group_id: str
+    member: int
+    step: int
+    seed: int
+
+
+def plan_groups(
+    tasks: Sequence[Task], group_size: int, *, run_id: str, run_seed: int, step: int, kind: str = "train"
+) -> list[RolloutJob]:
+    """G jobs per task; ids read `<run_id>/<kind>/<step>/<task_id>/<member>`."""
+    if group_size < 1:
+        raise ValueError("group_size must be at least 1")
+    jobs = []
+    for task in tasks:
+        group_id = f"{run_id}/{kind}/{step}/{task.id}"
+        for member in range(group_size):
+            jobs.append(
+                RolloutJob(
+                    task=task,
+                    rollout_id=f"{group_id}/{member}",
+                    group_id=group_id,
+                    member=member,
+                    step=step,
+                    seed=derive_seed(run_seed, kind, step, task.id, member),
+                )
+            )
+    return jobs
+
+
+@dataclass
+class RolloutResult:
+    """The rollouts that count (in job order) and the infra-failed attempts that were retried."""
+
+    trajectories: list[Trajectory]
+    retried: list[Trajectory] = field(default_factory=list)
+
+    def all(self) -> list[Trajectory]:
+        """Every record, failed attempts included: what the rollout store keeps."""
+        return [*self.trajectories, *self.retried]
+
+
+class RolloutRunner:
+    """Policy and env to trajectories, for many episodes at once; an async context manager."""
+
+    def __init__(
+        self,
+        sampler: Sampler,
+        renderer: ChatRenderer,
+        *,
+        run_id: str,
+        params: SamplingParams,
+        provenance: Provenance,
+        limits: EpisodeLimits | None = None,
+        families: Mapping[str, Family] = FAMILIES,
+        env_config: EnvConfig | None = None,
+        reward_weights: Mapping[str, float] | None = None,
+        prices: PriceTable | None = None,
+        concurrency: int = 32,
+        max_batch: int = 32,
+        max_infra_retries: int = 2,
+        sandbox_limits: SandboxLimits | None = None,
+        check_prefix: bool = True,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.sampler, self.renderer, self.run_id, self.params = sampler, renderer, run_id, params
+        self.provenance = provenance
+        self.limits = limits or EpisodeLimits()
+        self.families = dict(families)
+        self.env_config = env_config or EnvConfig()
+        self.reward_weights = dict(reward_weights) if reward_weights else None
+        self.prices = prices or PriceTable()
+        self.concurrency, self.max_batch = concurrency, max_batch
+        self.max_infra_retries = max_infra_retries
+        self.sandbox_limits = sandbox_limits
+        self.check_prefix = check_prefix
+        self._stack: AsyncExitStack | None = None
+        self._sandboxes: SandboxPool | None = None
+        self._verifiers: VerifierRunner | None = None
+
+    async def __aenter__(self) -> Self:
+        modules = sorted({m for f in self.families.values() for m in f.tool_modules})
+        async with AsyncExitStack() as stack:
+            self._sandboxes = await stack.enter_async_context(
+                SandboxPool(modules, limits=self.sandbox_limits)
+            )
+            self._verifiers = await stack.enter_async_context(VerifierRunner())
+            self._stack = stack.pop_all()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._stack is not None:
+            await self._stack.aclose()
+            self._stack = None
+
+    async def run(
+        self, jobs: Sequence[RolloutJob], *, on_done: Callable[[Trajectory], None] | None = None
+    ) -> RolloutResult:
+        """Run every job; never raises for a failed rollout (the failure is in its record)."""
+        if self._sandboxes is None:
+            raise RuntimeError("use the runner as `async with RolloutRunner(...) as runner`")
+        for job in jobs:  # bad tasks are the caller's error: say so before any episode starts
+            self._check_task(job.task)
+        lockstep = Lockstep(self.sampler, max_batch=self.max_batch)
+        lanes = min(self.concurrency, len(jobs))
+        finals: list[Trajectory | None] = [None] * len(jobs)
+        retried: list[list[Trajectory]] = [[] for _ in jobs]
+        for lane in range(lanes):
+            lockstep.join(lane)
+
+        async def run_lane(lane: int) -> None:
+            try:
+                for index in range(lane, len(jobs), lanes):
+                    finals[index] = await self._with_retries(jobs[index], lane, lockstep, retried[index])
+                    if on_done is not None:
+                        on_done(finals[index])  # type: ignore[arg-type]
+            finally:
+                lockstep.leave(lane)
+
+        await asyncio.gather(*(run_lane(lane) for lane in range(lanes)))
+        return RolloutResult(
+            trajectories=[t for t in finals if t is not None],
+            retried=[t for attempts in retried for t in attempts],
+        )
+
+    def _family(self, task: Task) -> Family:
+        try:
+            return self.families[task.family]
+        except KeyError:
+            raise UserInputError(
+                f"task {task.id!r}: no env family {task.family!r}; "
+                f"families: {', '.join(sorted(self.families))}"
+            ) from None
+
+    def _check_task(self, task: Task) -> None:
+        offered = {t.name for t in self._family(task).env.tools}
+        missing = sorted(set(task.tools) - offered)
+        if missing:
+            raise UserInputError(
+                f"task {task.id!r}: tools {missing} are not tools of the {task.family!r} env "
+                f"(it has {sorted(offered)}); fix the task's 'tools' list"
+            )
+
+    async def _with_retries(
+        self, job: RolloutJob, lane: int, lockstep: Lockstep, failed: list[Trajectory]
+    ) -> Trajectory:
+        attempt = 0
+        while True:
+            rollout_id = job.rollout_id if attempt == 0 else f"{job.rollout_id}~{attempt}"
+            trajectory = await self._episode(job, rollout_id, lane, lockstep)
+            if trajectory.termination is not Termination.INFRA_ERROR or attempt >= self.max_infra_retries:
+                return trajectory.model_copy(update={"infra_retries": attempt})
+            failed.append(trajectory.model_copy(update={"retried": True, "infra_retries": attempt}))
+            attempt += 1
+
+    async def _episode(self, job: RolloutJob, rollout_id: str, lane: int, lockstep: Lockstep) -> Trajectory:
+        assert self._sandboxes is not None and self._verifiers is not None
+        family = self._family(job.task)
+        policy = ModelPolicy(
+            partial(lockstep.sample, lane),
+            self.renderer,
+            self.params,
+            rollout_id,
+            check_prefix=self.check_prefix,
+        )
+        trajectory = await run_episode(
+            family.env(self.env_config, seed=derive_seed(job.seed, "env")),
+            job.task,
+            policy,
+            verifier=family.verifier,
+            sandboxes=self._sandboxes,
+            verifiers=self._verifiers,
+            ids=EpisodeIds(
+                self.run_id, rollout_id, job.group_id, seed=job.seed, step=job.step, member=job.member
+            ),
+            limits=self.limits,
+            weights=self.reward_weights,
+            sampling=self.params,
+            provenance=self.provenance,
+        )
+        cost = self.prices.cost(trajectory.prompt_tokens, trajectory.completion_tokens, trajectory.cpu_s)
+        return trajectory.model_copy(update={"cost_usd": cost})

@@ -1,0 +1,143 @@
+"""The local sampler: seeds per row, exact reruns, the policy's own logprobs, stops and limits."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from reprorl.policy import LoadedModel, tiny_model
+from reprorl.policy.sampling import LocalSampler, SampleRequest, filter_logits
+from reprorl.types import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def model() -> LoadedModel:
+    return tiny_model(0)
+
+
+def _prompt(model: LoadedModel, text: str) -> tuple[int, ...]:
+    ids = model.tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    return tuple(int(i) for i in ids)
+
+
+def _requests(model: LoadedModel, seeds: list[int], params: SamplingParams) -> list[SampleRequest]:
+    prompts = ["What is 2+2?", "Count the files in /data, then stop.", "Hi"]
+    return [
+        SampleRequest(f"r{i}", _prompt(model, prompts[i % len(prompts)]), params, seed)
+        for i, seed in enumerate(seeds)
+    ]
+
+
+def test_rerun_is_bit_identical_and_members_differ(model: LoadedModel) -> None:
+    sampler = LocalSampler.from_loaded(model)
+    params = SamplingParams(temperature=1.0, max_tokens=24)
+    # The same prompt with distinct seeds: group members must not collapse to one sample.
+    requests = [SampleRequest(f"m{i}", _prompt(model, "What is 2+2?"), params, 1000 + i) for i in range(6)]
+    first, second = sampler.sample(requests), sampler.sample(requests)
+    assert [s.token_ids for s in first] == [s.token_ids for s in second]
+    assert [s.logprobs for s in first] == [s.logprobs for s in second]  # to the bit
+    assert len({s.token_ids for s in first}) == 6
+    assert all(s.batch == tuple(r.key for r in requests) for s in first)
+    assert all(s.policy_version == f"base:{model.base_hash}" for s in first)
+
+
+def test_sampling_leaves_the_global_rng_alone(model: LoadedModel) -> None:
+    sampler = LocalSampler.from_loaded(model)
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    sampler.sample(_requests(model, [1, 2], SamplingParams(max_tokens=8)))
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_logprobs_are_the_policys_own(model: LoadedModel) -> None:
+    """Each recorded logprob equals a separate full forward's, at the sampling temperature."""
+    sampler = LocalSampler.from_loaded(model)
+    temperature = 0.7
+    sample = sampler.sample(_requests(model, [11], SamplingParams(temperature=temperature, max_tokens=16)))[0]
+    prompt = list(_requests(model, [11], SamplingParams())[0].prompt_ids)
+    ids = torch.tensor([prompt + list(sample.token_ids)])
+    with torch.no_grad():
+        logits = model.model(input_ids=ids).logits[0].float()
+    logp = torch.log_softmax(logits[len(prompt) - 1 : -1] / temperature, dim=-1)
+    expected = logp.gather(1, torch.tensor(sample.token_ids)[:, None])[:, 0]
+    assert len(sample.logprobs) == len(sample.token_ids) == 16
+    assert torch.allclose(torch.tensor(sample.logprobs), expected, atol=1e-4)
+    assert all(lp <= 0.0 for lp in sample.logprobs)
+
+
+def test_temperature_zero_and_top_k_one_are_greedy(model: LoadedModel) -> None:
+    sampler = LocalSampler.from_loaded(model)
+    greedy = sampler.sample(_requests(model, [1], SamplingParams(temperature=0.0, max_tokens=12)))[0]
+    top1 = sampler.sample(_requests(model, [99], SamplingParams(temperature=1.3, top_k=1, max_tokens=12)))[0]
+    assert greedy.token_ids == top1.token_ids
+    prompt = list(_requests(model, [1], SamplingParams())[0].prompt_ids)
+    with torch.no_grad():
+        logits = model.model(input_ids=torch.tensor([prompt + list(greedy.token_ids)])).logits[0]
+    assert logits[len(prompt) - 1 : -1].argmax(-1).tolist() == list(greedy.token_ids)
+
+
+def test_max_tokens_ends_a_row_with_length(model: LoadedModel) -> None:
+    sampler = LocalSampler.from_loaded(model)
+    short, long = sampler.sample(
+        [
+            SampleRequest("a", _prompt(model, "x"), SamplingParams(max_tokens=3), 1),
+            SampleRequest("b", _prompt(model, "y"), SamplingParams(max_tokens=9), 2),
+        ]
+    )
+    assert (len(short.token_ids), short.finish_reason) == (3, "length")
+    assert (len(long.token_ids), long.finish_reason) == (9, "length")
+
+
+def test_a_stop_string_ends_the_row_and_is_kept(model: LoadedModel) -> None:
+    """Rows stop on their own: one that writes the stop string ends there, the others go on."""
+    plain = LocalSampler.from_loaded(model).sample(_requests(model, [7, 8], SamplingParams(max_tokens=40)))
+    text = plain[0].text
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    assert stop.strip(), "pick a stop string from the row's own text"
+    stopping = LocalSampler(
+        model.model, model.tokenizer, model_hash=model.base_hash, policy_version="p", stop_strings=(stop,)
+    )
+    first, second = stopping.sample(_requests(model, [7, 8], SamplingParams(max_tokens=40)))
+    assert first.finish_reason == "tool_call"
+    assert stop in first.text and len(first.token_ids) < len(plain[0].token_ids)
+    assert plain[0].token_ids[: len(first.token_ids)] == first.token_ids
+    if stop not in second.text:
+        assert second.finish_reason == "length" and len(second.token_ids) == 40
+
+
+def test_distinct_keys_and_prompts_are_required(model: LoadedModel) -> None:
+    sampler = LocalSampler.from_loaded(model)
+    request = SampleRequest("same", (1, 2, 3), SamplingParams(max_tokens=2), 0)
+    with pytest.raises(ValueError, match="distinct keys"):
+        sampler.sample([request, request])
+    with pytest.raises(ValueError, match="empty prompt"):
+        sampler.sample([SampleRequest("e", (), SamplingParams(), 0)])
+    assert sampler.sample([]) == []
+
+
+def test_bfloat16_sampling_is_reproducible(model: LoadedModel) -> None:
+    half = tiny_model(0)
+    half.model.to(torch.bfloat16)
+    sampler = LocalSampler.from_loaded(half)
+    requests = _requests(half, [1, 2, 3], SamplingParams(max_tokens=10))
+    a, b = sampler.sample(requests), sampler.sample(requests)
+    assert [s.token_ids for s in a] == [s.token_ids for s in b]
+    assert [s.logprobs for s in a] == [s.logprobs for s in b]
+    assert sampler.info()["dtype"] == "bfloat16"
+
+
+def test_filter_logits_by_hand() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    top2 = filter_logits(logits, 2, 1.0)
+    assert torch.isinf(top2[0, 2:]).all() and torch.isfinite(top2[0, :2]).all()
+    # top_p 0.7: 0.5 alone is short of 0.7, 0.5+0.3 reaches it; the rest go.
+    nucleus = torch.softmax(filter_logits(logits, 0, 0.7), dim=-1)[0]
+    assert nucleus.tolist() == pytest.approx([0.625, 0.375, 0.0, 0.0])
+    assert torch.equal(filter_logits(logits, 0, 1.0), logits)
+    # The most likely token always survives, however small top_p is.
+    assert math.isfinite(float(filter_logits(logits, 0, 1e-9)[0, 0]))

@@ -1,4 +1,4 @@
-"""`reprorl sample`, then `reprorl replay` on the tiny model: same seed, same groups, bit-identical replays."""
+"""`reprorl sample`, then `reprorl replay` on the tiny model: same seed, same groups, exact replays."""
 
 from __future__ import annotations
 

@@ -69,3 +69,16 @@ class RegistryError(StoreError):
 
 class RecordError(StoreError):
     """A run record on disk is missing, incomplete or inconsistent."""
+
+
+class InferenceError(ReprorlError, OSError):
+    """An infrastructure failure: a model server could not be reached or did not answer usably.
+
+    Raised after bounded retries (or at once for a request the server refuses); not a fault of the
+    model's output, so a rollout that meets it ends as an infra error rather than a bad action.
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, attempts: int = 1) -> None:
+        self.status = status  # the last HTTP status, or None when no response came back
+        self.attempts = attempts
+        super().__init__(message)

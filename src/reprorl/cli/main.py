@@ -8,7 +8,16 @@ from pathlib import Path
 
 import typer
 
-from reprorl.cli import artifacts_cmd, demo_cmd, rollouts_cmd, runs_cmd, spec_cmd
+from reprorl.cli import (
+    artifacts_cmd,
+    demo_cmd,
+    replay_cmd,
+    rollouts_cmd,
+    runs_cmd,
+    sample_cmd,
+    serve_policy_cmd,
+    spec_cmd,
+)
 from reprorl.cli.context import Options
 from reprorl.cli.output import err_console, one_line
 from reprorl.errors import ReprorlError
@@ -27,6 +36,9 @@ app.add_typer(artifacts_cmd.app, name="artifacts")
 app.add_typer(runs_cmd.app, name="runs")
 app.command("demo")(demo_cmd.demo)
 app.command("rollouts")(rollouts_cmd.rollouts)
+app.command("sample")(sample_cmd.sample)
+app.command("replay")(replay_cmd.replay)
+app.command("serve-policy")(serve_policy_cmd.serve_policy)
 
 
 @app.callback()

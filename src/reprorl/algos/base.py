@@ -1,0 +1,42 @@
+"""What every loss sees: per-token logprobs of the sampled tokens, masks and the batch's side data.
+
+Losses are pure functions of tensors, so each one can be checked against numbers worked by hand.
+Shapes: B sequences × T target positions; `mask` is 1 where a token was sampled by the policy (or
+demonstrated) and 0 on prompts, tool results and padding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    """Targets' side data, aligned with the logprobs the trainer computes ([B, T] unless noted)."""
+
+    mask: torch.Tensor
+    behaviour_logprobs: torch.Tensor  # logprobs recorded at sampling (0 where mask is 0)
+    advantages: torch.Tensor  # [B]: one advantage per sequence
+    reference_logprobs: torch.Tensor | None = None  # under the base model, for a KL term
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    loss: torch.Tensor
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class Loss(Protocol):
+    """A training objective: from the policy's token logprobs and the batch, a scalar to minimise."""
+
+    name: str
+
+    def __call__(self, logprobs: torch.Tensor, batch: TokenBatch) -> LossOutput: ...
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Token-level mean: every unmasked token of the batch weighs the same."""
+    return (values * mask).sum() / mask.sum().clamp(min=1.0)

@@ -1,0 +1,84 @@
+"""The request bodies the policy server accepts: the subset of OpenAI's completions and chat APIs it honours.
+
+Clients send fields this server does not know (OpenAI and vLLM add new ones often), so unknown
+fields are ignored; fields whose meaning the server cannot honour (streaming, n > 1, echo, other
+stop strings) are refused by `policy_server` with a 400 rather than silently dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from reprorl.types import Role
+
+MAX_SEED = 2**63 - 1
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class SamplingBody(_Lenient):
+    """Fields shared by both endpoints; None means the OpenAI default."""
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1, description="0 or -1 (vLLM's 'off') disable it.")
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    n: int = 1
+    stream: bool = False
+    stop: str | list[str] | None = None
+    return_tokens_as_token_ids: bool = False
+    return_token_ids: bool = False
+    skip_special_tokens: bool = True
+
+    def stop_strings(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class CompletionBody(SamplingBody):
+    """`POST /v1/completions`: one prompt, as text or as token ids."""
+
+    prompt: str | list[int]
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool = False
+
+
+class ContentPart(_Lenient):
+    type: str
+    text: str | None = None
+
+
+class FunctionCall(_Lenient):
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCallBody(_Lenient):
+    id: str | None = None
+    type: str = "function"
+    function: FunctionCall
+
+
+class ChatMessageBody(_Lenient):
+    role: Role
+    content: str | list[ContentPart] | None = None
+    tool_calls: list[ToolCallBody] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+class ChatBody(SamplingBody):
+    """`POST /v1/chat/completions`: a conversation and the tools it may call."""
+
+    messages: list[ChatMessageBody] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    max_completion_tokens: int | None = Field(default=None, ge=1)

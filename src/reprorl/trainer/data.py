@@ -1,0 +1,86 @@
+"""Training data: a trajectory's tokens as one sequence, with the mask of what the policy produced.
+
+A multi-turn trajectory is trained on exactly the tokens it was sampled from (token-in/token-out):
+the context of its last turn followed by that turn's sampled tokens. Sampled tokens are learned
+from (mask 1, with the behaviour logprob recorded at sampling); prompts and rendered tool results
+are context only (mask 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from reprorl.algos.base import TokenBatch
+from reprorl.types import Trajectory
+
+
+@dataclass(frozen=True)
+class Datum:
+    """One training sequence: tokens, which of them to learn from, and its advantage."""
+
+    input_ids: tuple[int, ...]
+    mask: tuple[float, ...]  # per token of input_ids: 1 if the policy produced it
+    behaviour_logprobs: tuple[float, ...]  # per token of input_ids; 0 where mask is 0
+    advantage: float = 0.0
+    policy_version: str = ""
+
+    def __post_init__(self) -> None:
+        if not len(self.input_ids) == len(self.mask) == len(self.behaviour_logprobs):
+            raise ValueError("input_ids, mask and behaviour_logprobs must have one entry per token")
+        if len(self.input_ids) < 2:
+            raise ValueError("a training sequence needs at least two tokens")
+
+
+def from_trajectory(trajectory: Trajectory, advantage: float = 0.0) -> Datum:
+    """The trajectory's full token sequence; its sampled tokens are the ones learned from."""
+    ids: list[int] = []
+    mask: list[float] = []
+    logprobs: list[float] = []
+    for turn in trajectory.turns:
+        ids.extend(turn.prompt_token_ids)
+        mask.extend(0.0 for _ in turn.prompt_token_ids)
+        logprobs.extend(0.0 for _ in turn.prompt_token_ids)
+        ids.extend(turn.token_ids)
+        mask.extend(1.0 for _ in turn.token_ids)
+        logprobs.extend(turn.logprobs if turn.logprobs else [0.0] * len(turn.token_ids))
+    return Datum(tuple(ids), tuple(mask), tuple(logprobs), advantage, trajectory.policy_version)
+
+
+@dataclass(frozen=True)
+class Collated:
+    """A padded batch: model inputs and the loss's side data, targets shifted by one."""
+
+    input_ids: torch.Tensor  # [B, L]
+    attention_mask: torch.Tensor  # [B, L]
+    targets: torch.Tensor  # [B, L-1]
+    batch: TokenBatch
+
+
+def collate(data: Sequence[Datum], pad_id: int) -> Collated:
+    """Right-pad to the longest sequence; position t predicts token t+1."""
+    if not data:
+        raise ValueError("an empty batch")
+    width = max(len(d.input_ids) for d in data)
+    ids = torch.full((len(data), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(data), width), dtype=torch.long)
+    mask = torch.zeros((len(data), width), dtype=torch.float32)
+    behaviour = torch.zeros((len(data), width), dtype=torch.float32)
+    for i, d in enumerate(data):
+        n = len(d.input_ids)
+        ids[i, :n] = torch.tensor(d.input_ids)
+        attention[i, :n] = 1
+        mask[i, :n] = torch.tensor(d.mask)
+        behaviour[i, :n] = torch.tensor(d.behaviour_logprobs)
+    return Collated(
+        input_ids=ids,
+        attention_mask=attention,
+        targets=ids[:, 1:],
+        batch=TokenBatch(
+            mask=mask[:, 1:],
+            behaviour_logprobs=behaviour[:, 1:],
+            advantages=torch.tensor([d.advantage for d in data], dtype=torch.float32),
+        ),
+    )

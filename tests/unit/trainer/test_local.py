@@ -1,0 +1,109 @@
+"""The local backend on the tiny model: data from trajectories, micro-batching, and learning."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reprorl.algos import CrossEntropy
+from reprorl.policy import LoadedModel, tiny_model
+from reprorl.trainer import AdamParams, Datum, LocalTrainer, collate, from_trajectory
+from reprorl.types import Split, Termination, Trajectory, Turn
+
+
+def _trajectory() -> Trajectory:
+    turns = (
+        Turn(index=0, prompt_token_ids=(5, 6, 7), token_ids=(8, 9), logprobs=(-0.1, -0.2), seed=1),
+        Turn(index=1, prompt_token_ids=(10,), token_ids=(11, 12, 13), logprobs=(-0.3, -0.4, -0.5), seed=2),
+    )
+    return Trajectory(
+        run_id="r",
+        rollout_id="r/x",
+        split=Split.TRAIN,
+        task_id="t",
+        task_hash="h",
+        turns=turns,
+        termination=Termination.ANSWERED,
+    )
+
+
+def test_a_trajectory_is_one_sequence_learning_only_sampled_tokens() -> None:
+    datum = from_trajectory(_trajectory(), advantage=0.5)
+    assert datum.input_ids == (5, 6, 7, 8, 9, 10, 11, 12, 13)
+    assert datum.mask == (0, 0, 0, 1, 1, 0, 1, 1, 1)
+    assert datum.behaviour_logprobs == (0, 0, 0, -0.1, -0.2, 0, -0.3, -0.4, -0.5)
+    assert datum.advantage == 0.5
+    # The sequence is exactly the last turn's context followed by its sample.
+    t = _trajectory()
+    assert datum.input_ids == t.context_ids(1) + t.turns[1].token_ids
+
+
+def test_collate_shifts_targets_and_pads_right() -> None:
+    a = Datum((1, 2, 3), (0, 1, 1), (0, -0.5, -0.25))
+    b = Datum((4, 5), (0, 1), (0, -1.0), advantage=2.0)
+    c = collate([a, b], pad_id=0)
+    assert c.input_ids.tolist() == [[1, 2, 3], [4, 5, 0]]
+    assert c.attention_mask.tolist() == [[1, 1, 1], [1, 1, 0]]
+    assert c.targets.tolist() == [[2, 3], [5, 0]]
+    assert c.batch.mask.tolist() == [[1, 1], [1, 0]]
+    assert c.batch.behaviour_logprobs.tolist() == [[-0.5, -0.25], [-1.0, 0.0]]
+    assert c.batch.advantages.tolist() == [0.0, 2.0]
+    with pytest.raises(ValueError):
+        Datum((1, 2), (0,), (0, 0))
+
+
+@pytest.fixture
+def model() -> LoadedModel:
+    return tiny_model(0)
+
+
+def _data(model: LoadedModel) -> list[Datum]:
+    texts = ['<tool_call>{"name": "calc"}</tool_call>', "The answer is 42.", "Ask, then answer."]
+    out = []
+    for text in texts:
+        prompt = list(model.tokenizer.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"))
+        reply = list(model.tokenizer.encode(text))
+        out.append(
+            Datum(
+                tuple(prompt + reply),
+                (0.0,) * len(prompt) + (1.0,) * len(reply),
+                (0.0,) * (len(prompt) + len(reply)),
+            )
+        )
+    return out
+
+
+def test_micro_batches_weigh_every_token_the_same(model: LoadedModel) -> None:
+    data = _data(model)
+    grads = []
+    for micro in (1, 3):
+        fresh = tiny_model(0)
+        trainer = LocalTrainer(fresh.model, fresh.tokenizer, base_hash=fresh.base_hash, micro_batch=micro)
+        trainer.forward_backward(data, CrossEntropy())
+        grads.append(torch.cat([p.grad.flatten() for p in trainer.params if p.grad is not None]))
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+
+
+def test_sft_steps_change_the_weights_and_lower_the_loss(model: LoadedModel) -> None:
+    data = _data(model)
+    trainer = LocalTrainer(model.model, model.tokenizer, base_hash=model.base_hash)
+    before = [p.detach().clone() for p in trainer.params]
+    first = trainer.forward_backward(data, CrossEntropy())["loss"]
+    trainer.optim_step(AdamParams(lr=3e-3))
+    for _ in range(10):
+        trainer.forward_backward(data, CrossEntropy())
+        stats = trainer.optim_step(AdamParams(lr=3e-3))
+    last = trainer.forward_backward(data, CrossEntropy())["loss"]
+    assert last < first * 0.8
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.params, strict=True))
+    assert trainer.step == 11 and stats["grad_norm"] > 0
+    # Logprobs of the learned tokens rose under the trained weights.
+    assert all(
+        lp.numel() == len(d.input_ids) - 1 for lp, d in zip(trainer.token_logprobs(data), data, strict=True)
+    )
+
+
+def test_an_all_masked_batch_is_refused(model: LoadedModel) -> None:
+    trainer = LocalTrainer(model.model, model.tokenizer, base_hash=model.base_hash)
+    with pytest.raises(ValueError, match="no tokens to learn from"):
+        trainer.forward_backward([Datum((1, 2, 3), (0, 0, 0), (0, 0, 0))], CrossEntropy())

@@ -123,7 +123,12 @@ def test_replay_is_bit_identical_in_both_modes(
             assert report["identical"], report
             assert report["tokens"] > 0 and report["first_difference"] is None
     code, out, _ = cli("replay", ids[0])
-    assert code == 0 and out.startswith("identical:")
+    assert code == 0 and out.startswith("identical: ")
+    # Many at once: rollouts that shared a batch share its re-run.
+    code, out, _ = cli("replay", "--run", runs[0], "--random", "8", "--mode", "recorded")
+    summary = out.strip().splitlines()[-1]
+    assert code == 0 and summary.startswith("8/8 identical (recorded replay, ")
+    assert int(summary.split(", ")[1].split()[0]) < 8
 
 
 def test_replay_names_the_first_difference(
@@ -143,7 +148,7 @@ def test_replay_names_the_first_difference(
     assert not report.identical and report.first is not None
     assert report.first.where in ("token", "logprob") and report.first.turn == 0
     code, out, _ = cli("replay", rollout_id, "--mode", "recorded")
-    assert code == 1 and out.startswith("differs: first difference is the ")
+    assert code == 1 and out.startswith(f"differs: {rollout_id}: first difference is the ")
 
 
 def test_replay_refuses_bad_ids(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -151,3 +156,5 @@ def test_replay_refuses_bad_ids(home: Path, capsys: pytest.CaptureFixture[str]) 
     assert "is not a rollout id" in cli.error("replay", "nonsense")
     assert "no run" in cli.error("replay", "20990101T000000000000Z-abcdef/train/0/t/0").lower()
     assert "--mode" in cli.error("replay", "x/y", "--mode", "fast")
+    assert "--random needs --run" in cli.error("replay", "--random", "3")
+    assert "name rollout ids" in cli.error("replay")

@@ -14,6 +14,7 @@ floating-point results depend on the batch. Two modes:
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -189,68 +190,109 @@ def _check_conditions(report: ReplayReport, opened: OpenedPolicy, target: Trajec
         )
 
 
-async def replay(store: Store, rollout_id: str, *, mode: Mode = "live") -> ReplayReport:
-    """Re-execute `rollout_id` from its record; the report names the first difference, if any."""
-    record = find_run(store, run_of(rollout_id))
-    rollouts = RolloutStore(record)
-    target = rollouts.get(rollout_id)
-    if not target.turns or target.turns[0].seed is None:
-        raise UserInputError(f"rollout {rollout_id!r} was not sampled by a model (nothing to replay)")
-    info = target.sampler
-    opened = open_policy(
-        store,
-        target.base_model_hash,
-        adapter=target.adapter_version,
-        dtype=str(info.get("dtype", "float32")),
-        threads=threads if isinstance(threads := info.get("threads"), int) else None,
-    )
-    report = ReplayReport(rollout_id, mode)
-    _check_conditions(report, opened, target)
-    batches = _Batches(rollouts, target)
-    if mode == "recorded":
-        for turn in target.turns:
-            requests = batches.requests(turn.batch)
-            samples = await asyncio.to_thread(opened.sampler.sample, requests)
-            own = f"{rollout_id}/{turn.index}"
-            _compare_sample(report, turn.index, target, next(s for s in samples if s.key == own))
+class Replayer:
+    """Replays rollouts of a store; policies and re-run batches are shared between replays.
+
+    A batch re-run is a pure function of its requests (prompts, seeds, parameters) and the policy,
+    so replaying several rollouts of one batch computes it once.
+    """
+
+    def __init__(self, store: Store, *, cached_batches: int = 256) -> None:
+        self.store = store
+        self._policies: dict[tuple[Any, ...], OpenedPolicy] = {}
+        self._runs: dict[str, tuple[RolloutStore, RunSpec]] = {}
+        self._batches: OrderedDict[tuple[Any, ...], list[Sample]] = OrderedDict()
+        self._cached_batches = cached_batches
+        self.batches_sampled = 0
+
+    def _policy(self, target: Trajectory) -> OpenedPolicy:
+        info = target.sampler
+        threads = info.get("threads")
+        key = (target.base_model_hash, target.adapter_version, info.get("dtype"), threads)
+        if key not in self._policies:
+            self._policies[key] = open_policy(
+                self.store,
+                target.base_model_hash,
+                adapter=target.adapter_version,
+                dtype=str(info.get("dtype", "float32")),
+                threads=threads if isinstance(threads, int) else None,
+            )
+        return self._policies[key]
+
+    def _run(self, run_id: str) -> tuple[RolloutStore, RunSpec]:
+        if run_id not in self._runs:
+            record = find_run(self.store, run_id)
+            self._runs[run_id] = (RolloutStore(record), RunSpec.model_validate(record.spec()))
+        return self._runs[run_id]
+
+    async def _sample(self, opened: OpenedPolicy, requests: list[SampleRequest]) -> list[Sample]:
+        key = (id(opened), tuple((r.key, r.prompt_ids, r.seed, r.params) for r in requests))
+        if key in self._batches:
+            self._batches.move_to_end(key)
+            return self._batches[key]
+        samples = await asyncio.to_thread(opened.sampler.sample, requests)
+        self.batches_sampled += 1
+        self._batches[key] = samples
+        if len(self._batches) > self._cached_batches:
+            self._batches.popitem(last=False)
+        return samples
+
+    async def replay(self, rollout_id: str, *, mode: Mode = "live") -> ReplayReport:
+        """Re-execute `rollout_id` from its record; the report names the first difference, if any."""
+        rollouts, spec = self._run(run_of(rollout_id))
+        target = rollouts.get(rollout_id)
+        if not target.turns or target.turns[0].seed is None:
+            raise UserInputError(f"rollout {rollout_id!r} was not sampled by a model (nothing to replay)")
+        opened = self._policy(target)
+        report = ReplayReport(rollout_id, mode)
+        _check_conditions(report, opened, target)
+        batches = _Batches(rollouts, target)
+        if mode == "recorded":
+            for turn in target.turns:
+                samples = await self._sample(opened, batches.requests(turn.batch))
+                own = f"{rollout_id}/{turn.index}"
+                _compare_sample(report, turn.index, target, next(s for s in samples if s.key == own))
+            return report
+        live = await self._live(spec, target, opened, batches, report)
+        _compare_live(report, target, live)
         return report
-    spec = RunSpec.model_validate(record.spec())
-    live = await _live(store, spec, target, opened, batches, report)
-    _compare_live(report, target, live)
-    return report
+
+    async def _live(
+        self,
+        spec: RunSpec,
+        target: Trajectory,
+        opened: OpenedPolicy,
+        batches: _Batches,
+        report: ReplayReport,
+    ) -> Trajectory:
+        task = find_task(self.store, spec, target)
+        family = get_family(task.family)
+
+        async def submit(request: SampleRequest) -> tuple[Sample, float]:
+            turn = int(request.key.rpartition("/")[2])
+            keys = target.turns[turn].batch if turn < len(target.turns) else (request.key,)
+            samples = await self._sample(opened, batches.requests(keys, own=request))
+            sample = next(s for s in samples if s.key == request.key)
+            if turn < len(target.turns):
+                _compare_sample(report, turn, target, sample)
+            return sample, 0.0
+
+        policy = ModelPolicy(submit, opened.renderer, target.sampling, target.rollout_id)
+        async with SandboxPool(family.tool_modules) as sandboxes, VerifierRunner() as verifiers:
+            return await run_episode(
+                family.env(EnvConfig.from_spec(spec.data), seed=derive_seed(target.sampling.seed, "env")),
+                task,
+                policy,
+                verifier=family.verifier,
+                sandboxes=sandboxes,
+                verifiers=verifiers,
+                ids=EpisodeIds(target.run_id, target.rollout_id, target.group_id, target.sampling.seed),
+                limits=episode_limits(spec),
+                weights=spec.data.reward_weights,
+                sampling=target.sampling,
+            )
 
 
-async def _live(
-    store: Store,
-    spec: RunSpec,
-    target: Trajectory,
-    opened: OpenedPolicy,
-    batches: _Batches,
-    report: ReplayReport,
-) -> Trajectory:
-    task = find_task(store, spec, target)
-    family = get_family(task.family)
-
-    async def submit(request: SampleRequest) -> tuple[Sample, float]:
-        turn = int(request.key.rpartition("/")[2])
-        keys = target.turns[turn].batch if turn < len(target.turns) else (request.key,)
-        samples = await asyncio.to_thread(opened.sampler.sample, batches.requests(keys, own=request))
-        sample = next(s for s in samples if s.key == request.key)
-        if turn < len(target.turns):
-            _compare_sample(report, turn, target, sample)
-        return sample, 0.0
-
-    policy = ModelPolicy(submit, opened.renderer, target.sampling, target.rollout_id)
-    async with SandboxPool(family.tool_modules) as sandboxes, VerifierRunner() as verifiers:
-        return await run_episode(
-            family.env(EnvConfig.from_spec(spec.data), seed=derive_seed(target.sampling.seed, "env")),
-            task,
-            policy,
-            verifier=family.verifier,
-            sandboxes=sandboxes,
-            verifiers=verifiers,
-            ids=EpisodeIds(target.run_id, target.rollout_id, target.group_id, target.sampling.seed),
-            limits=episode_limits(spec),
-            weights=spec.data.reward_weights,
-            sampling=target.sampling,
-        )
+async def replay(store: Store, rollout_id: str, *, mode: Mode = "live") -> ReplayReport:
+    """Replay one rollout (see `Replayer` to replay many)."""
+    return await Replayer(store).replay(rollout_id, mode=mode)

@@ -96,7 +96,10 @@ async def sample_run(store: Store, spec: RunSpec, *, steps: int, show_progress: 
     tasks = load_taskset(store, str(spec.data.train)).split(Split.TRAIN)
     if not tasks:
         raise ValueError(f"data.train: {spec.data.train} has no train-split tasks")
-    opened = open_policy(store, str(spec.model.base), dtype=spec.model.sampling_dtype)
+    init = spec.model.init_adapter
+    opened = open_policy(
+        store, str(spec.model.base), adapter=str(init) if init else None, dtype=spec.model.sampling_dtype
+    )
     record = create_run(spec, store)
     record.set_status("running")
     writer = RolloutWriter(record)

@@ -290,3 +290,40 @@ def test_a_non_loopback_host_needs_allow_remote(tmp_path: Path) -> None:
         and "--allow-remote" in done.stderr
     )
     assert "Traceback" not in done.stderr
+
+
+def test_a_sampling_run_can_sample_through_the_server(base_server: Served, tmp_path: Path) -> None:
+    """`model.inference` sends every turn to the server; records keep its tokens and logprobs."""
+    from importlib import resources
+
+    from reprorl.cli.main import main
+    from reprorl.policy import save_model
+    from reprorl.store import Store
+    from reprorl.store.rollout_query import RolloutStore
+
+    tiny = tiny_model(0)
+    save_model(tiny.model, tiny.tokenizer, tmp_path / "tiny")
+    store = Store(tmp_path / "home")
+    store.add("tiny", tmp_path / "tiny", kind="model")
+    with resources.as_file(resources.files("reprorl") / "examples" / "calc-train.jsonl") as path:
+        store.add("calc-train", path, kind="taskset")
+    spec = tmp_path / "spec.toml"
+    spec.write_text(
+        'name = "remote"\nseed = 1\n'
+        f'[model]\nowner = "o"\nbase = "tiny"\ninference = {{ url = "{base_server.url}", '
+        f'model = "{base_server.model()}", timeout_s = 60 }}\n'
+        '[data]\nowner = "o"\ntrain = "calc-train"\n'
+        '[learning]\nowner = "o"\ngroup_size = 2\ntasks_per_step = 2\nmax_tokens = 12\nmax_turns = 2\n'
+        '[evaluation]\nowner = "o"\nsuites = ["calc-train"]\n'
+    )
+    home = ["--home", str(tmp_path / "home")]
+    assert main([*home, "sample", str(spec), "--no-progress"]) == 0
+    (run,) = [p for p in (tmp_path / "home" / "runs").iterdir() if not p.name.startswith(".")]
+    records = list(RolloutStore(run).trajectories())
+    assert len(records) == 4
+    for record in records:
+        assert record.sampler["kind"] == "http" and record.sampler["base_url"] == base_server.url
+        first = record.turns[0]
+        assert len(first.token_ids) == len(first.logprobs) > 0
+        assert first.policy_version == f"base:{tiny.base_hash}"
+    assert main([*home, "replay", records[0].rollout_id]) == 2  # refused: the server's batches are unknown

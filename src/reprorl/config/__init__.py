@@ -20,6 +20,7 @@ from reprorl.config.spec import (
     ModelSpec,
     NoiseSpec,
     PriceTable,
+    RemoteInference,
     RollbackRule,
     RunSpec,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "ParsedRef",
     "PriceTable",
     "RefError",
+    "RemoteInference",
     "RollbackRule",
     "RunSpec",
     "apply_overrides",

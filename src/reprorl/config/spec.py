@@ -56,6 +56,17 @@ def _adapter_kind(value: Any) -> str:
     return str(kind)
 
 
+class RemoteInference(SpecModel):
+    """An OpenAI-compatible server that samples for the run (vLLM, SGLang, `reprorl serve-policy`)."""
+
+    url: str = Field(
+        pattern=r"^https?://", description="Base URL of the server's API, e.g. 'http://127.0.0.1:8000/v1'."
+    )
+    model: str = Field(min_length=1, description="Model name the server serves (as in its /v1/models).")
+    timeout_s: float = Field(default=120.0, gt=0.0, le=3600.0, description="Per-request timeout, seconds.")
+    retries: int = Field(default=3, ge=0, le=20, description="Retries after a connection error, 429 or 5xx.")
+
+
 class ModelSpec(SpecModel):
     """Which weights the run starts from and which of them it trains."""
 
@@ -72,6 +83,11 @@ class ModelSpec(SpecModel):
             custom_error_message="adapter kind must be 'lora' or 'full'",
         ),
     ] = Field(default_factory=LoraAdapter, description="What is trained; `kind` defaults to 'lora'.")
+    inference: RemoteInference | None = Field(
+        default=None,
+        description="Sample through this server instead of in this process; its batches are not "
+        "recorded, so its rollouts cannot be replayed bit for bit.",
+    )
     sampling_dtype: Literal["float32", "bfloat16"] = Field(
         default="float32",
         description="Precision the local sampler runs in; bfloat16 is faster where the CPU has it, and "

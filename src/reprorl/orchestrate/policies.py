@@ -12,10 +12,13 @@ from pathlib import Path
 
 import torch
 
+from reprorl.config.spec import RemoteInference
 from reprorl.errors import UserInputError
 from reprorl.policy import LoadedModel, load_adapter, load_base
 from reprorl.policy.chat import ChatRenderer
-from reprorl.policy.sampling import LocalSampler
+from reprorl.policy.http import HttpSampler
+from reprorl.policy.sampling import LocalSampler, Sampler
+from reprorl.policy.transport import RetryPolicy
 from reprorl.rollout.episode import Provenance
 from reprorl.store import Store
 
@@ -27,7 +30,7 @@ class OpenedPolicy:
     """A sampler ready for the rollout runner, and what every trajectory will record about it."""
 
     loaded: LoadedModel
-    sampler: LocalSampler
+    sampler: Sampler
     renderer: ChatRenderer
     provenance: Provenance
 
@@ -39,8 +42,13 @@ def open_policy(
     adapter: str | None = None,
     dtype: str = "float32",
     threads: int | None = None,
+    inference: RemoteInference | None = None,
 ) -> OpenedPolicy:
-    """Load `base` (a reference or hash in `store`) with an optional stored adapter, for sampling."""
+    """Load `base` (a reference or hash in `store`) with an optional stored adapter, for sampling.
+
+    With `inference`, a remote server samples; the base is still loaded here for its tokenizer and
+    chat template, which render every prompt.
+    """
     if dtype not in DTYPES:
         raise UserInputError(f"sampling dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     if threads is not None and threads != torch.get_num_threads():
@@ -58,9 +66,19 @@ def open_policy(
             model = peft_model.merge_and_unload()
         adapter_version = resolved.hash
         policy_version = f"adapter:{resolved.hash}"
-    sampler = LocalSampler(
-        model, loaded.tokenizer, model_hash=loaded.base_hash, policy_version=policy_version
-    )
+    sampler: Sampler
+    if inference is None:
+        sampler = LocalSampler(
+            model, loaded.tokenizer, model_hash=loaded.base_hash, policy_version=policy_version
+        )
+    else:
+        sampler = HttpSampler(
+            inference.url,
+            inference.model,
+            policy_version=policy_version,
+            timeout_s=inference.timeout_s,
+            retry=RetryPolicy(retries=inference.retries),
+        )
     renderer = ChatRenderer(loaded.tokenizer)
     provenance = Provenance(
         base_model_hash=loaded.base_hash,

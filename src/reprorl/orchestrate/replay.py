@@ -243,6 +243,12 @@ class Replayer:
         target = rollouts.get(rollout_id)
         if not target.turns or target.turns[0].seed is None:
             raise UserInputError(f"rollout {rollout_id!r} was not sampled by a model (nothing to replay)")
+        kind = target.sampler.get("kind")
+        if kind != "local":
+            raise UserInputError(
+                f"rollout {rollout_id!r} was sampled by {kind!r} inference, which does not report its "
+                "batches; only rollouts sampled in-process (model.inference unset) replay bit for bit"
+            )
         opened = self._policy(target)
         report = ReplayReport(rollout_id, mode)
         _check_conditions(report, opened, target)

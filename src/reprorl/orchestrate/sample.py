@@ -98,7 +98,11 @@ async def sample_run(store: Store, spec: RunSpec, *, steps: int, show_progress: 
         raise ValueError(f"data.train: {spec.data.train} has no train-split tasks")
     init = spec.model.init_adapter
     opened = open_policy(
-        store, str(spec.model.base), adapter=str(init) if init else None, dtype=spec.model.sampling_dtype
+        store,
+        str(spec.model.base),
+        adapter=str(init) if init else None,
+        dtype=spec.model.sampling_dtype,
+        inference=spec.model.inference,
     )
     record = create_run(spec, store)
     record.set_status("running")

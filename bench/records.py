@@ -1,8 +1,9 @@
 """Cost of full rollout record keeping as a fraction of rollout time, and query latency over 10k rollouts.
 
 Each trajectory is realistic for the default model: T turns of N sampled tokens with float32
-logprobs, the whole growing context recorded as each turn's prompt token ids, a tool call and
-result per turn, reward components and sampling parameters. Writing is timed end to end through
+logprobs, the tokens appended before each sample (the rendered prompt, then the rendered tool
+results), the keys of the B rows of each turn's sampling batch, a tool call and result per turn,
+reward components and sampling parameters. Writing is timed end to end through
 `RolloutWriter` on a real run record (JSON of the full record, flattened columns, Parquet with
 zstd, sha256, fsync, rename, manifest event), one part file per batch of B rollouts.
 
@@ -55,13 +56,17 @@ def f32(x: float) -> float:
     return float(struct.unpack("f", struct.pack("f", x))[0])
 
 
-def trajectory(run_id: str, i: int, turns: int, tokens: int, rng: random.Random) -> Trajectory:
+def trajectory(
+    run_id: str, i: int, turns: int, tokens: int, rng: random.Random, batch_size: int = 32
+) -> Trajectory:
     """One realistic rollout; built without validation (it is valid by construction) to save time."""
-    context = [rng.randrange(VOCAB) for _ in range(PROMPT_TOKENS)]
+    added = tuple(rng.randrange(VOCAB) for _ in range(PROMPT_TOKENS))
+    batch = tuple(
+        f"{run_id}/train/12/sql-{(i // batch_size) * batch_size + j:06d}/{j % 8}/0" for j in range(batch_size)
+    )
     built = []
     for t in range(turns):
         sampled = tuple(rng.randrange(VOCAB) for _ in range(tokens))
-        observation = tuple(rng.randrange(VOCAB) for _ in range(OBSERVATION_TOKENS))
         timed_out = t == turns - 1 and i % 8 == 6
         outcome = ToolOutcome.TOOL_TIMEOUT if timed_out else ToolOutcome.OK
         call = ToolCall.model_construct(id=f"c{t}", name="sql", arguments={"query": "SELECT 1" * 8})
@@ -71,20 +76,22 @@ def trajectory(run_id: str, i: int, turns: int, tokens: int, rng: random.Random)
         built.append(
             Turn.model_construct(
                 index=t,
-                prompt_token_ids=tuple(context),
+                prompt_token_ids=added,
                 token_ids=sampled,
                 logprobs=tuple(f32(-rng.expovariate(2.0)) for _ in sampled),
                 text="word " * (tokens * 4 // 5),
                 tool_calls=(call,),
                 tool_results=(result,),
-                observation_token_ids=observation,
-                policy_version="sha256:adapter@step-12",
+                policy_version="adapter:sha256:" + "a" * 64,
+                seed=rng.randrange(2**63),
+                batch=tuple(key[:-1] + str(t) for key in batch),
+                rerender_ok=True,
                 finish_reason="tool_call",
                 sample_s=rng.random() * 10,
                 tool_s=rng.random(),
             )
         )
-        context += [*sampled, *observation]
+        added = tuple(rng.randrange(VOCAB) for _ in range(OBSERVATION_TOKENS))
     answered = TERMINATIONS[i % len(TERMINATIONS)] == Termination.ANSWERED
     total = 1.0 if answered and rng.random() < 0.6 else 0.0
     return Trajectory.model_construct(
@@ -99,7 +106,7 @@ def trajectory(run_id: str, i: int, turns: int, tokens: int, rng: random.Random)
         tool_versions={"sql": "sha256:" + "s" * 64},
         base_model_hash="sha256:" + "m" * 64,
         adapter_version="sha256:" + "a" * 64,
-        policy_version="sha256:adapter@step-12",
+        policy_version="adapter:sha256:" + "a" * 64,
         sampling=SamplingParams.model_construct(
             temperature=1.0, top_p=1.0, top_k=0, max_tokens=tokens, seed=i
         ),
@@ -111,11 +118,15 @@ def trajectory(run_id: str, i: int, turns: int, tokens: int, rng: random.Random)
         termination=TERMINATIONS[i % len(TERMINATIONS)],
         error=None,
         infra_retries=0,
-        prompt_tokens=len(context),
+        prompt_tokens=PROMPT_TOKENS + (turns - 1) * OBSERVATION_TOKENS,
         completion_tokens=turns * tokens,
         cost_usd=0.0,
         wall_s=rng.random() * 100,
         sandbox={"isolation": "unshare"},
+        step=12,
+        member=i % 8,
+        cpu_s=rng.random() * 10,
+        sampler={"kind": "local", "model_hash": "sha256:" + "m" * 64, "dtype": "float32", "threads": 2},
     )
 
 

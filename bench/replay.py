@@ -39,11 +39,11 @@ def spec_for(args: argparse.Namespace) -> RunSpec:
             "seed": args.seed,
             "model": {
                 "owner": owner,
-                "base": "smollm2-135m-instruct",
-                "init_adapter": "calc-sft",
+                "base": "smollm2-135m-instruct@v1",
+                "init_adapter": "calc-sft@v1",
                 "sampling_dtype": args.dtype,
             },
-            "data": {"owner": owner, "train": "calc-train", "noise": {"timeout_p": args.timeout_p}},
+            "data": {"owner": owner, "train": "calc-train@v1", "noise": {"timeout_p": args.timeout_p}},
             "learning": {
                 "owner": owner,
                 "group_size": args.group,
@@ -52,7 +52,7 @@ def spec_for(args: argparse.Namespace) -> RunSpec:
                 "max_turns": 3,
                 "rollout_concurrency": args.group * args.tasks,
             },
-            "evaluation": {"owner": owner, "suites": ["calc-eval"]},
+            "evaluation": {"owner": owner, "suites": ["calc-eval@v1"]},
         }
     )
 
@@ -65,7 +65,7 @@ async def main(args: argparse.Namespace) -> None:
     for name in ("calc-train", "calc-eval"):
         with resources.as_file(examples / f"{name}.jsonl") as path:
             store.add(name, path, kind="taskset")
-    train = TaskSet.from_jsonl("calc-train", store.read("calc-train")).split(Split.TRAIN)
+    train = TaskSet.from_jsonl("calc-train", store.read("calc-train@v1")).split(Split.TRAIN)
 
     started = time.perf_counter()
     loaded = load_base("smollm2-135m-instruct", store=store)

@@ -21,6 +21,7 @@ class TokenBatch:
     behaviour_logprobs: torch.Tensor  # logprobs recorded at sampling (0 where mask is 0)
     advantages: torch.Tensor  # [B]: one advantage per sequence
     reference_logprobs: torch.Tensor | None = None  # under the base model, for a KL term
+    proximal_logprobs: torch.Tensor | None = None  # π_old / π_prox of PPO; None = the behaviour policy
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,59 @@
+"""Importance correction for off-policy tokens: truncated and masked IS on ρ = π_prox / μ.
+
+Tokens are sampled by a behaviour policy μ (the sampler: another precision, kernels or a stale
+version) while the trainer's proximal policy is π_prox. Per token, with ρ = π_prox(y)/μ(y):
+
+    truncated IS (Ionides 2008; Espeholt et al. 2018, IMPALA):   w = min(ρ, C)
+    masked IS   (tokens whose ratio is implausible are dropped): w = ρ · 1[ρ ≤ C]
+
+The weights carry no gradient. A product of per-token ratios over a long multi-turn trajectory
+explodes (1.1 per token over 100 tokens is ≈ 13,780), so the weights are per token.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+
+class Correction(Protocol):
+    """Per-token importance weights (no gradient) from proximal and behaviour logprobs."""
+
+    name: str
+
+    def __call__(self, proximal: torch.Tensor, behaviour: torch.Tensor) -> torch.Tensor: ...
+
+
+class NoCorrection:
+    """w = 1: treat the behaviour policy as the proximal one (on-policy, same numerics)."""
+
+    name = "none"
+
+    def __call__(self, proximal: torch.Tensor, behaviour: torch.Tensor) -> torch.Tensor:
+        return torch.ones_like(proximal)
+
+
+class TruncatedIS:
+    """w = min(ρ, C)."""
+
+    name = "tis"
+
+    def __init__(self, cap: float = 2.0) -> None:
+        self.cap = cap
+
+    def __call__(self, proximal: torch.Tensor, behaviour: torch.Tensor) -> torch.Tensor:
+        return torch.exp(proximal - behaviour).clamp(max=self.cap).detach()
+
+
+class MaskedIS:
+    """w = ρ where ρ ≤ C, else 0."""
+
+    name = "mis"
+
+    def __init__(self, cap: float = 2.0) -> None:
+        self.cap = cap
+
+    def __call__(self, proximal: torch.Tensor, behaviour: torch.Tensor) -> torch.Tensor:
+        ratio = torch.exp(proximal - behaviour)
+        return torch.where(ratio <= self.cap, ratio, torch.zeros_like(ratio)).detach()

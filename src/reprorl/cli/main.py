@@ -13,6 +13,7 @@ from reprorl.cli import (
     demo_cmd,
     replay_cmd,
     rollouts_cmd,
+    run_cmd,
     runs_cmd,
     sample_cmd,
     serve_policy_cmd,
@@ -36,6 +37,7 @@ app.add_typer(artifacts_cmd.app, name="artifacts")
 app.add_typer(runs_cmd.app, name="runs")
 app.command("demo")(demo_cmd.demo)
 app.command("rollouts")(rollouts_cmd.rollouts)
+app.command("run")(run_cmd.run)
 app.command("sample")(sample_cmd.sample)
 app.command("replay")(replay_cmd.replay)
 app.command("serve-policy")(serve_policy_cmd.serve_policy)

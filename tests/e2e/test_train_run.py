@@ -1,0 +1,69 @@
+"""`reprorl run` on the tiny model: warm start, policy-gradient steps, records, metrics and the adapter."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+from reprorl.cli.main import main
+from reprorl.policy import save_model, tiny_model
+from reprorl.store import RunRecord, Store
+from reprorl.store.rollout_query import RolloutStore
+
+SPEC = """
+name = "tiny-train"
+seed = 5
+[model]
+owner = "t@x"
+base = "tiny"
+adapter = { kind = "lora", rank = 4, alpha = 8.0, targets = ["q_proj", "v_proj"] }
+[data]
+owner = "t@x"
+train = "calc-train"
+[learning]
+owner = "t@x"
+steps = 2
+sft_steps = 3
+lr = 1e-3
+group_size = 3
+tasks_per_step = 2
+max_tokens = 16
+max_turns = 2
+drop_zero_variance_groups = false
+[evaluation]
+owner = "t@x"
+suites = ["calc-eval"]
+"""
+
+
+def test_a_run_warm_starts_trains_and_records_everything(tmp_path: Path) -> None:
+    model = tiny_model(0)
+    save_model(model.model, model.tokenizer, tmp_path / "tiny")
+    store = Store(tmp_path / "home")
+    store.add("tiny", tmp_path / "tiny", kind="model")
+    for name in ("calc-train", "calc-eval"):
+        with resources.as_file(resources.files("reprorl") / "examples" / f"{name}.jsonl") as path:
+            store.add(name, path, kind="taskset")
+    (tmp_path / "spec.toml").write_text(SPEC)
+    assert main(["--home", str(tmp_path / "home"), "run", str(tmp_path / "spec.toml")]) == 0
+
+    (run_dir,) = [p for p in (tmp_path / "home" / "runs").iterdir() if not p.name.startswith(".")]
+    record = RunRecord(store, run_dir.name)
+    assert record.status()["status"] == "succeeded"
+    metrics = record.metrics().records
+    sft = [m for m in metrics if m.get("stage") == "sft"]
+    assert len(sft) == 3 and sft[-1]["sft_loss"] < sft[0]["sft_loss"]  # the warm start learned
+    steps = [m for m in metrics if m.get("stage") != "sft"]
+    assert [m["step"] for m in steps] == [0, 1]
+    for m in steps:
+        for key in ("reward_mean", "zero_variance_share", "rollout_s", "train_s", "tools/failure_rate"):
+            assert key in m, key
+    # Every sample names the adapter state it came from; the update between steps changed it.
+    versions = [m["policy_version"] for m in steps]
+    assert all(v.startswith("adapter:sha256:") for v in versions) and versions[0] != versions[1]
+    rollouts = RolloutStore(record)
+    assert rollouts.count() == 12
+    assert rollouts.count("step = 1 AND policy_version = " + repr(versions[1])) == 6
+    saved = [e for e in record.events().records if e.get("event") == "adapter_saved"]
+    assert len(saved) == 1 and saved[0]["artifact"] == "tiny-train-adapter@v1"
+    assert (run_dir / "adapter" / "adapter_config.json").is_file()

@@ -1,0 +1,77 @@
+"""A policy-gradient update on the tiny model: advantages move the logprobs the right way."""
+
+from __future__ import annotations
+
+import torch
+
+from reprorl.algos import NoCorrection, PPOClip
+from reprorl.config.spec import LearningSpec
+from reprorl.orchestrate.train import group_data, learning_rate
+from reprorl.policy import tiny_model
+from reprorl.trainer import AdamParams, Datum, LocalTrainer
+from reprorl.types import Reward, Split, Termination, Trajectory, Turn
+
+
+def _traj(group: str, member: int, reward: float, tokens: tuple[int, ...]) -> Trajectory:
+    turn = Turn(
+        index=0, prompt_token_ids=(5, 6, 7), token_ids=tokens, logprobs=tuple(-1.0 for _ in tokens), seed=1
+    )
+    return Trajectory(
+        run_id="r",
+        rollout_id=f"r/{group}/{member}",
+        group_id=group,
+        split=Split.TRAIN,
+        task_id=group,
+        task_hash="h",
+        turns=(turn,),
+        reward=Reward(total=reward, verifier_version="v"),
+        termination=Termination.ANSWERED,
+    )
+
+
+def test_group_data_centres_rewards_and_drops_flat_groups() -> None:
+    learning = LearningSpec(owner="o", advantage="dr_grpo", drop_zero_variance_groups=True)
+    trajectories = [
+        _traj("a", 0, 1.0, (8, 9)),
+        _traj("a", 1, 0.0, (9, 8)),
+        _traj("b", 0, 1.0, (8,)),
+        _traj("b", 1, 1.0, (9,)),
+        _traj("c", 0, 0.0, (8,)).model_copy(update={"termination": Termination.INFRA_ERROR}),
+    ]
+    data, stats = group_data(trajectories, learning)
+    assert [d.advantage for d in data] == [0.5, -0.5]
+    assert stats == {"zero_variance_groups": 1.0, "zero_variance_share": 0.5}
+    kept, _ = group_data(trajectories, learning.model_copy(update={"drop_zero_variance_groups": False}))
+    assert [d.advantage for d in kept] == [0.5, -0.5, 0.0, 0.0]
+
+
+def test_learning_rate_schedules() -> None:
+    spec = LearningSpec(owner="o", lr=0.5, steps=10, warmup_steps=2, schedule="linear")
+    assert [round(learning_rate(spec, s), 3) for s in (0, 1, 2, 6)] == [0.25, 0.5, 0.5, 0.25]
+    assert learning_rate(spec.model_copy(update={"schedule": "cosine"}), 10) < 1e-9
+    assert learning_rate(spec.model_copy(update={"schedule": "constant"}), 9) == 0.5
+
+
+def test_a_ppo_step_raises_the_rewarded_sequence_and_lowers_the_other() -> None:
+    model = tiny_model(0)
+    trainer = LocalTrainer(model.model, model.tokenizer, base_hash=model.base_hash)
+    prompt = (5, 6, 7)
+    good, bad = (20, 21, 22), (30, 31, 32)
+    data = [
+        Datum(prompt + good, (0, 0, 0, 1, 1, 1), (0, 0, 0, *([0.0] * 3)), advantage=1.0),
+        Datum(prompt + bad, (0, 0, 0, 1, 1, 1), (0, 0, 0, *([0.0] * 3)), advantage=-1.0),
+    ]
+    before = trainer.token_logprobs(data)
+    # Behaviour logprobs as the sampler would have recorded them: the current policy's own.
+    data = [
+        Datum(d.input_ids, d.mask, (0.0, *lp.tolist()), d.advantage)
+        for d, lp in zip(data, before, strict=True)
+    ]
+    weights = [p.detach().clone() for p in trainer.params]
+    stats = trainer.forward_backward(data, PPOClip(correction=NoCorrection()))
+    trainer.optim_step(AdamParams(lr=1e-2))
+    after = trainer.token_logprobs(data)
+    assert stats["clip_frac_high"] == 0.0 and stats["is_weight_mean"] == 1.0
+    assert float(after[0][2:].sum()) > float(before[0][2:].sum())
+    assert float(after[1][2:].sum()) < float(before[1][2:].sum())
+    assert any(not torch.equal(a, b) for a, b in zip(weights, trainer.params, strict=True))

@@ -28,7 +28,7 @@ from reprorl.store import Store
 from reprorl.store.rollout_query import RolloutStore
 from reprorl.types import Split, TaskSet
 
-TIMED_OUT = "termination != 'answered' OR list_contains(tool_outcomes, 'tool_timeout')"
+TIMED_OUT = "(reward_total IS NULL OR reward_total < 1) AND list_contains(tool_outcomes, 'tool_timeout')"
 
 
 def spec_for(args: argparse.Namespace) -> RunSpec:

@@ -52,6 +52,8 @@ def test_table_of_a_run_by_prefix(cli: Cli, run: tuple[RunRecord, list[Trajector
         assert header in out
     assert everything[1].rollout_id in out and "ok, tool_timeout" in out
     assert "4 of 18 rollouts (--limit to show more)" in out
+    code, out, _ = cli("rollouts", record.run_id, "--limit", "0")
+    assert code == 0 and "18 rollouts in run" in out and "--limit 0 shows none" in out
 
 
 def test_the_questions_users_ask(cli: Cli, run: tuple[RunRecord, list[Trajectory]]) -> None:

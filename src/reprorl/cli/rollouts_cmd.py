@@ -53,7 +53,13 @@ def rollouts(
         print_json(rows)
         return
     if not rows:
-        console.print(f"no rollouts{' match' if where else ''} in run {record.run_id}")
+        matched = store.count(where) if limit == 0 else 0
+        if matched:
+            console.print(
+                f"{matched} rollouts{' match' if where else ''} in run {record.run_id} (--limit 0 shows none)"
+            )
+        else:
+            console.print(f"no rollouts{' match' if where else ''} in run {record.run_id}")
         return
     table = Table(*rows[0].keys())
     for row in rows:

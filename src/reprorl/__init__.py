@@ -16,6 +16,8 @@ from reprorl.config import (
     LearningSpec,
     LoraAdapter,
     ModelSpec,
+    PriceTable,
+    RemoteInference,
     RollbackRule,
     RunSpec,
     load_spec,
@@ -27,6 +29,7 @@ from reprorl.envs.sandbox import SandboxLimits, SandboxPool
 from reprorl.errors import (
     ArtifactNotFoundError,
     FloatingReferenceError,
+    InferenceError,
     IntegrityError,
     NotFoundError,
     RecordError,
@@ -60,12 +63,60 @@ from reprorl.types import (
     Turn,
 )
 
+# Models, samplers, training and jobs need torch; they load on first use so that `import reprorl`
+# stays light for tools that only read records.
+_LAZY = {
+    "load_base": "reprorl.policy",
+    "tiny_model": "reprorl.policy",
+    "LoadedModel": "reprorl.policy",
+    "LocalSampler": "reprorl.policy.sampling",
+    "Sample": "reprorl.policy.sampling",
+    "SampleRequest": "reprorl.policy.sampling",
+    "HttpSampler": "reprorl.policy.http",
+    "ChatClient": "reprorl.policy.http",
+    "ChatRenderer": "reprorl.policy.chat",
+    "ModelPolicy": "reprorl.rollout.model_policy",
+    "Lockstep": "reprorl.rollout.model_policy",
+    "RolloutRunner": "reprorl.rollout.runner",
+    "plan_groups": "reprorl.rollout.runner",
+    "collect_demonstrations": "reprorl.rollout.demos",
+    "AdamParams": "reprorl.trainer",
+    "Datum": "reprorl.trainer",
+    "LocalTrainer": "reprorl.trainer",
+    "CrossEntropy": "reprorl.algos",
+    "GRPOAdvantage": "reprorl.algos",
+    "DrGRPOAdvantage": "reprorl.algos",
+    "RLOOAdvantage": "reprorl.algos",
+    "PPOClip": "reprorl.algos",
+    "TruncatedIS": "reprorl.algos",
+    "MaskedIS": "reprorl.algos",
+    "open_policy": "reprorl.orchestrate.policies",
+    "sample_run": "reprorl.orchestrate.sample",
+    "train_run": "reprorl.orchestrate.train",
+    "sft_warm_start": "reprorl.orchestrate.warm_start",
+    "Replayer": "reprorl.orchestrate.replay",
+    "replay": "reprorl.orchestrate.replay",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'reprorl' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
 try:
     __version__ = version("reprorl")
 except PackageNotFoundError:  # running from a source tree without an install
     __version__ = "0.0.0"
 
-__all__ = [
+__all__ = [  # the lazily loaded names first, then the eager ones
+    *sorted(_LAZY),
     "FAMILIES",
     "Action",
     "ArtifactNotFoundError",
@@ -80,6 +131,7 @@ __all__ = [
     "EvaluationSpec",
     "FinalState",
     "FloatingReferenceError",
+    "InferenceError",
     "FullFineTune",
     "IntegrityError",
     "KLPenalty",
@@ -88,10 +140,12 @@ __all__ = [
     "Message",
     "ModelSpec",
     "NotFoundError",
+    "PriceTable",
     "Permission",
     "RecordError",
     "Registry",
     "RegistryError",
+    "RemoteInference",
     "ReprorlError",
     "Reward",
     "Role",

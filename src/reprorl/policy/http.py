@@ -223,7 +223,6 @@ class HttpSampler(_Client):
         )
 
 
-
 @dataclass(frozen=True)
 class ChatReply:
     """One chat completion: its text (tool calls in the `<tool_call>` format) and what came with it."""
@@ -363,4 +362,3 @@ class ChatClient(_Client):
             prompt_tokens=_int_or_none(usage.get("prompt_tokens")),
             completion_tokens=_int_or_none(usage.get("completion_tokens")),
         )
-

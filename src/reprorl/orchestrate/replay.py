@@ -184,6 +184,11 @@ def find_task(store: Store, spec: RunSpec, target: Trajectory) -> Task:
 
 
 def _check_conditions(report: ReplayReport, opened: OpenedPolicy, target: Trajectory) -> None:
+    recorded, current = target.sampler.get("version"), opened.sampler.info().get("version")
+    if recorded != current:
+        report.differences.append(
+            Difference("condition", None, None, f"sampler v{recorded}", f"sampler v{current}")
+        )
     if opened.renderer.template_hash != target.prompt_template_hash:
         report.differences.append(
             Difference("condition", None, None, target.prompt_template_hash, opened.renderer.template_hash)

@@ -2,8 +2,12 @@
 
 A `Sampler` takes a batch of `SampleRequest`s and returns one `Sample` each. `LocalSampler` decodes
 with transformers on this machine: left-padded prefill, a KV cache, and one forward pass per new
-token for the whole batch. Every row draws from its own `torch.Generator` seeded by its request,
-so the tokens of a row depend on its seed and never on the global RNG.
+token for the whole batch. For a plain Llama on the CPU the decode steps skip the module tree: the
+same weights, packed once for the batch size into fused q|k|v and gate|up GEMMs, and a KV cache
+written in place. Every row draws from its own `torch.Generator` seeded by its request, so the
+tokens of a row depend on its seed and never on the global RNG: the generator gives one uniform
+number per token the row may produce, and token k is drawn by inverse CDF — the first token whose
+cumulative (float64) probability exceeds the k-th uniform times the total.
 
 Floating-point results depend on the batch a row was computed in (padding changes reduction
 order; a one-row matmul takes another kernel than a 32-row one). reprorl therefore records each
@@ -22,13 +26,18 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import torch
-from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+import torch.nn.functional as F
+from torch import nn
+from transformers import DynamicCache, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from reprorl.actions import CLOSE
 from reprorl.policy.models import LoadedModel
 from reprorl.types import SamplingParams
 
 FinishReason = Literal["stop", "length", "tool_call"]
+# Bumped whenever the same requests could give other bits (draw method, kernels, packing); a
+# replay compares it with the recorded one before comparing tokens.
+SAMPLER_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -116,6 +125,7 @@ class LocalSampler:
         self._tail_tokens = (
             max((len(tokenizer.encode(s, add_special_tokens=False)) for s in stop_strings), default=1) + 2
         )
+        self._packed: _Packed | None = None  # kept between calls: packing costs a few decode steps
 
     @classmethod
     def from_loaded(cls, loaded: LoadedModel, *, policy_version: str | None = None) -> LocalSampler:
@@ -134,6 +144,7 @@ class LocalSampler:
     def info(self) -> dict[str, Any]:
         return {
             "kind": "local",
+            "version": SAMPLER_VERSION,
             "model_hash": self.model_hash,
             "dtype": str(self.dtype).removeprefix("torch."),
             "threads": torch.get_num_threads(),
@@ -170,49 +181,51 @@ class LocalSampler:
         ]
 
     def _decode(self, rows: list[_Row]) -> None:
-        device = next(self.model.parameters()).device
         lengths = [len(r.request.prompt_ids) for r in rows]
-        width = max(lengths)
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            ids[i, width - lengths[i] :] = torch.tensor(row.request.prompt_ids)
-            mask[i, width - lengths[i] :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
-        active = list(range(len(rows)))
-        logits = self._forward(ids, mask, positions, cache, device)
-        next_pos = positions[:, -1] + 1
+        # At least one token, as ever, even for a prompt that already fills the context.
         budget = [
-            min(r.request.params.max_tokens, self.max_positions - n)
+            max(1, min(r.request.params.max_tokens, self.max_positions - n))
             for r, n in zip(rows, lengths, strict=True)
         ]
-        while True:
-            chosen = self._choose(logits, [rows[i] for i in active])
-            keep: list[int] = []
-            for slot, index in enumerate(active):
-                row, token = rows[index], chosen[slot]
-                if self._record(row, token, budget[index]) is None:
-                    keep.append(slot)
-            if not keep:
+        width, steps = max(lengths), max(budget)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width + steps), dtype=torch.bool)
+        for i, row in enumerate(rows):
+            ids[i, width - lengths[i] :] = torch.tensor(row.request.prompt_ids)
+            mask[i, width - lengths[i] : width] = True
+        # A row's uniforms depend on its own seed and budget only, never on the rest of the batch.
+        uniforms = torch.zeros((len(rows), steps), dtype=torch.float64)
+        for i, row in enumerate(rows):
+            uniforms[i, : budget[i]] = torch.rand(budget[i], generator=row.generator, dtype=torch.float64)
+        params = [r.request.params for r in rows]
+        positions = (mask[:, :width].long().cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        logits = self._forward(ids, mask[:, :width], positions, cache)
+        stepper = self._fast_steps(cache, mask, width) or _HFSteps(self, cache, mask, width)
+        slots = list(range(len(rows)))  # slot -> row; a finished row keeps its slot until compaction
+        scratch = torch.empty_like(logits)
+        for step in range(steps):
+            tokens, logprobs = _choose(
+                logits, [params[i] for i in slots], uniforms[slots, step], scratch[: len(slots)]
+            )
+            for slot, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist(), strict=True)):
+                row = rows[slots[slot]]
+                if row.finish is None:
+                    self._record(row, token, logprob, budget[slots[slot]])
+            live = [s for s, i in enumerate(slots) if rows[i].finish is None]
+            if not live:
                 return
-            if len(keep) < len(active):
-                cache.batch_select_indices(torch.tensor(keep))
-                mask, next_pos = mask[keep], next_pos[keep]
-                active = [active[s] for s in keep]
-            tokens = torch.tensor([[rows[i].tokens[-1]] for i in active])
-            mask = torch.cat([mask, torch.ones((len(active), 1), dtype=torch.long)], dim=1)
-            logits = self._forward(tokens, mask, next_pos[:, None], cache, device)
-            next_pos = next_pos + 1
+            # Dropping finished rows copies the whole KV cache; carrying them costs a little compute.
+            # Rows never mix in a forward pass, so either way the live rows get the same bits.
+            if 4 * len(live) <= 3 * len(slots):
+                stepper.select(torch.tensor(live))
+                slots, tokens = [slots[s] for s in live], tokens[live]
+            logits = stepper.step(tokens)
 
     def _forward(
-        self,
-        ids: torch.Tensor,
-        mask: torch.Tensor,
-        positions: torch.Tensor,
-        cache: DynamicCache,
-        device: torch.device,
+        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: DynamicCache
     ) -> torch.Tensor:
+        device = next(self.model.parameters()).device
         out = self.model(
             input_ids=ids.to(device),
             attention_mask=mask.to(device),
@@ -224,35 +237,26 @@ class LocalSampler:
         logits: torch.Tensor = out.logits[:, -1, :].float().cpu()
         return logits
 
-    def _choose(self, logits: torch.Tensor, rows: list[_Row]) -> list[tuple[int, float]]:
-        """Draw one token per row from its own generator; return (token, logprob) pairs."""
-        chosen: list[tuple[int, float]] = []
-        groups: dict[tuple[float, int, float], list[int]] = {}
-        for slot, row in enumerate(rows):
-            p = row.request.params
-            groups.setdefault((p.temperature, p.top_k, p.top_p), []).append(slot)
-        picks: dict[int, tuple[int, float]] = {}
-        for (temperature, top_k, top_p), slots in groups.items():
-            block = logits[slots]
-            if temperature == 0.0:
-                logp = torch.log_softmax(block, dim=-1)
-                tokens = block.argmax(dim=-1)
-                for j, slot in enumerate(slots):
-                    token = int(tokens[j])
-                    picks[slot] = (token, float(logp[j, token]))
-                continue
-            scaled = block / temperature
-            logp = torch.log_softmax(scaled, dim=-1)
-            probs = torch.softmax(filter_logits(scaled, top_k, top_p), dim=-1)
-            for j, slot in enumerate(slots):
-                token = int(torch.multinomial(probs[j], 1, generator=rows[slot].generator))
-                picks[slot] = (token, float(logp[j, token]))
-        for slot in range(len(rows)):
-            chosen.append(picks[slot])
-        return chosen
+    def _fast_steps(self, cache: DynamicCache, mask: torch.Tensor, width: int) -> _LlamaSteps | None:
+        """Decode steps on packed weights for a plain Llama on the CPU; None for any other model."""
+        model: Any = self.model
+        if type(model) is not LlamaForCausalLM or model.device.type != "cpu":
+            return None
+        if getattr(model.config, "pretraining_tp", 1) != 1 or any(
+            type(m) is not nn.Linear
+            for layer in model.model.layers
+            for group in _groups(layer)
+            for m in group
+        ):
+            return None
+        params = list(model.parameters())
+        key = (mask.shape[0], torch.get_num_threads(), *((p.data_ptr(), p._version, p.dtype) for p in params))
+        if self._packed is None or self._packed.key != key:
+            self._packed = None  # free the old packing before building the new one
+            self._packed = _Packed(model, mask.shape[0], key)
+        return _LlamaSteps(model, self._packed, cache, mask, width)
 
-    def _record(self, row: _Row, pick: tuple[int, float], budget: int) -> FinishReason | None:
-        token, logprob = pick
+    def _record(self, row: _Row, token: int, logprob: float, budget: int) -> None:
         row.tokens.append(token)
         row.logprobs.append(logprob)
         if token in self.stop_ids:
@@ -268,7 +272,186 @@ class LocalSampler:
                 row.finish = "tool_call"
         if row.finish is None and len(row.tokens) >= budget:
             row.finish = "length"
-        return row.finish
+
+
+def _choose(
+    logits: torch.Tensor, params: list[SamplingParams], uniforms: torch.Tensor, weights: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row by inverse CDF at its uniform (argmax at temperature 0), and its logprob.
+
+    `weights` is scratch of the logits' shape, reused: a fresh vocabulary-wide buffer per step
+    costs page faults that add up to more than the arithmetic.
+    """
+    temperature = torch.tensor([p.temperature for p in params], dtype=logits.dtype)
+    greedy = temperature == 0.0
+    scaled = logits
+    if any(p.temperature not in (0.0, 1.0) for p in params):
+        scaled = logits / torch.where(greedy, 1.0, temperature)[:, None]
+    top = scaled.amax(dim=-1, keepdim=True)
+    torch.sub(scaled, top, out=weights).exp_()
+    log_total = top + weights.sum(dim=-1, keepdim=True).log()
+    filters: dict[tuple[int, float], list[int]] = {}
+    for slot, p in enumerate(params):
+        if p.temperature > 0.0 and (p.top_k > 0 or p.top_p < 1.0):
+            filters.setdefault((p.top_k, p.top_p), []).append(slot)
+    for (top_k, top_p), slots in filters.items():
+        weights[slots] = torch.exp(filter_logits(scaled[slots], top_k, top_p) - top[slots])
+    tokens = _inverse_cdf(weights, uniforms)
+    if bool(greedy.any()):
+        tokens = torch.where(greedy, scaled.argmax(dim=-1), tokens)
+    return tokens, scaled.gather(1, tokens[:, None])[:, 0] - log_total[:, 0]
+
+
+def _inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor, block: int = 256) -> torch.Tensor:
+    """Per row, the first token whose cumulative weight exceeds uniform * total, in float64.
+
+    Two levels — the block holding the target, then the token inside it — instead of a
+    vocabulary-wide float64 cumsum, which costs more than the rest of a sampling step.
+    """
+    rows, vocab = weights.shape
+    full = vocab - vocab % block
+    mass = weights[:, :full].view(rows, -1, block).sum(dim=-1)
+    if full < vocab:
+        mass = torch.cat([mass, weights[:, full:].sum(dim=-1, keepdim=True)], dim=1)
+    mass = mass.double().cumsum(dim=-1)
+    total = mass[:, -1:]
+    # Strictly below the total, so the draw lands on a token of nonzero weight.
+    target = torch.minimum(uniforms[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    at = torch.searchsorted(mass, target, right=True)
+    before = torch.where(at > 0, mass.gather(1, (at - 1).clamp(min=0)), 0.0)
+    index = at * block + torch.arange(block)
+    inside = weights.gather(1, index.clamp(max=vocab - 1)).masked_fill_(index >= vocab, 0.0)
+    offset = torch.searchsorted(inside.double().cumsum(dim=-1) + before, target, right=True)
+    # Rounding can put the target past the block's own sum: take its last token of nonzero weight.
+    last = (inside > 0).long().cumsum(dim=-1).argmax(dim=-1, keepdim=True)
+    tokens: torch.Tensor = (at * block + torch.minimum(offset, last))[:, 0]
+    return tokens
+
+
+class _HFSteps:
+    """Decode steps through the model's own forward and a growing cache: any model, any device."""
+
+    def __init__(self, sampler: LocalSampler, cache: DynamicCache, mask: torch.Tensor, width: int) -> None:
+        self.sampler, self.cache, self.mask, self.filled = sampler, cache, mask, width
+        self.positions = mask[:, :width].sum(-1)
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.mask[:, self.filled] = True
+        self.filled += 1
+        mask = self.mask[:, : self.filled]
+        logits = self.sampler._forward(tokens[:, None], mask, self.positions[:, None], self.cache)
+        self.positions = self.positions + 1
+        return logits
+
+    def select(self, keep: torch.Tensor) -> None:
+        self.cache.batch_select_indices(keep)
+        self.mask, self.positions = self.mask[keep], self.positions[keep]
+
+
+class _Linear:
+    """Linears that read one input, fused along their outputs, with the weight packed for the batch.
+
+    Packing reorders the weight once into the layout the GEMM kernel wants, instead of on every
+    call; it is chosen for the batch's starting size, so the kernel depends on the batch alone.
+    """
+
+    def __init__(self, linears: Sequence[nn.Linear], batch: int) -> None:
+        weights = [m.weight.detach() for m in linears]
+        self.weight = torch.cat(weights) if len(weights) > 1 else weights[0]
+        biases = [m.bias for m in linears if m.bias is not None]
+        self.bias = torch.cat([b.detach() for b in biases]) if len(biases) == len(linears) else None
+        self.batch, self.mkl, self.packed = batch, False, None
+        if self.weight.dtype == torch.float32 and torch._C.has_mkl:
+            self.packed, self.mkl = torch.ops.mkl._mkl_reorder_linear_weight(self.weight, batch), True
+        elif self.weight.dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, batch)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            return F.linear(x, self.weight, self.bias)
+        if self.mkl:  # at another batch size this falls back to the plain weight by itself
+            out: torch.Tensor = torch.ops.mkl._mkl_linear(x, self.packed, self.weight, self.bias, self.batch)
+        else:
+            out = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return out
+
+
+def _groups(layer: Any) -> tuple[list[nn.Linear], ...]:
+    """A decoder layer's projections as fused: q|k|v, o, gate|up, down."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return (
+        [attn.q_proj, attn.k_proj, attn.v_proj],
+        [attn.o_proj],
+        [mlp.gate_proj, mlp.up_proj],
+        [mlp.down_proj],
+    )
+
+
+class _Packed:
+    """A Llama's projections packed for one batch size, and what they were packed from."""
+
+    def __init__(self, model: Any, batch: int, key: tuple[Any, ...]) -> None:
+        # Holding the source tensors keeps their addresses from being reused by new weights.
+        self.key, self.sources = key, [p.detach() for p in model.parameters()]
+        self.layers = [[_Linear(g, batch) for g in _groups(layer)] for layer in model.model.layers]
+        self.head = _Linear([model.lm_head], batch)
+
+
+class _LlamaSteps:
+    """Llama decode steps without the module tree: packed GEMMs and a KV cache filled in place."""
+
+    def __init__(
+        self, model: Any, packed: _Packed, cache: DynamicCache, mask: torch.Tensor, width: int
+    ) -> None:
+        config = model.config
+        self.inner, self.packed, self.mask, self.filled = model.model, packed, mask, width
+        self.heads, self.kv_heads = int(config.num_attention_heads), int(config.num_key_value_heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
+        self.positions = mask[:, :width].sum(-1)
+        shape = (mask.shape[0], self.kv_heads, mask.shape[1], self.head_dim)
+        self.keys, self.values = [], []
+        for layer in cache.layers:
+            prefill: Any = layer
+            self.keys.append(torch.empty(shape, dtype=prefill.keys.dtype))
+            self.values.append(torch.empty(shape, dtype=prefill.values.dtype))
+            self.keys[-1][:, :, :width] = prefill.keys
+            self.values[-1][:, :, :width] = prefill.values
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        inner, n, heads, dim = self.inner, self.filled, self.heads, self.head_dim
+        self.mask[:, n] = True
+        self.filled += 1
+        batch, half, k_end = tokens.shape[0], dim // 2, (heads + self.kv_heads) * dim
+        mask = self.mask[:, None, None, : n + 1]
+        h = inner.embed_tokens(tokens)
+        cos, sin = inner.rotary_emb(h, self.positions[:, None])
+        for layer, (qkv_proj, o_proj, gate_up_proj, down_proj), keys, values in zip(
+            inner.layers, self.packed.layers, self.keys, self.values, strict=True
+        ):
+            qkv = qkv_proj(layer.input_layernorm(h))
+            # Rotary embedding of all query and key heads at once, in the model's own arithmetic.
+            qk = qkv[:, :k_end].view(batch, -1, dim)
+            qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin
+            keys[:, :, n] = qk[:, heads:]
+            values[:, :, n] = qkv[:, k_end:].view(batch, self.kv_heads, dim)
+            # The query heads of one key/value head as a block of queries: each key/value head is
+            # read once per step, not once per query head (what `enable_gqa` does).
+            attn = F.scaled_dot_product_attention(
+                qk[:, :heads].view(batch, self.kv_heads, -1, dim),
+                keys[:, :, : n + 1],
+                values[:, :, : n + 1],
+                attn_mask=mask,
+                scale=layer.self_attn.scaling,
+            )
+            h = h + o_proj(attn.reshape(batch, heads * dim))
+            gate, up = gate_up_proj(layer.post_attention_layernorm(h)).chunk(2, dim=-1)
+            h = h + down_proj(layer.mlp.act_fn(gate) * up)
+        self.positions = self.positions + 1
+        return self.packed.head(inner.norm(h)).float()
+
+    def select(self, keep: torch.Tensor) -> None:
+        self.keys, self.values = [k[keep] for k in self.keys], [v[keep] for v in self.values]
+        self.mask, self.positions = self.mask[keep], self.positions[keep]
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:

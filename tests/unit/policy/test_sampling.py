@@ -141,3 +141,27 @@ def test_filter_logits_by_hand() -> None:
     assert torch.equal(filter_logits(logits, 0, 1.0), logits)
     # The most likely token always survives, however small top_p is.
     assert math.isfinite(float(filter_logits(logits, 0, 1e-9)[0, 0]))
+
+
+def test_a_wrapped_model_takes_the_generic_path_with_the_same_numbers(model: LoadedModel) -> None:
+    """A peft-wrapped model (as the training loop samples it) decodes through the model's own
+    forward: reproducible, and equal in tokens to the fast path while its adapter is still zero."""
+    from reprorl.policy import apply_lora
+
+    fast = LocalSampler.from_loaded(model)
+    wrapped_model = tiny_model(0)
+    wrapped = LocalSampler(
+        apply_lora(wrapped_model.model, rank=4, targets=("q_proj", "v_proj")),
+        wrapped_model.tokenizer,
+        model_hash=wrapped_model.base_hash,
+        policy_version="p",
+    )
+    requests = _requests(model, [4, 5, 6], SamplingParams(temperature=1.0, max_tokens=12))
+    a, b = wrapped.sample(requests), wrapped.sample(requests)
+    assert [s.token_ids for s in a] == [s.token_ids for s in b]
+    assert [s.logprobs for s in a] == [s.logprobs for s in b]
+    reference = fast.sample(requests)
+    assert [s.token_ids for s in a] == [s.token_ids for s in reference]
+    for x, y in zip(a, reference, strict=True):
+        assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-4)
+    assert wrapped.info()["version"] == fast.info()["version"]

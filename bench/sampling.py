@@ -1,0 +1,198 @@
+"""Decode throughput of the local sampler against the compute bound measured in the same run.
+
+The bound is what the matmul units allow: a decode step of a batch costs 2·params·batch FLOPs,
+so bound tokens/s = matmul FLOP/s ÷ (2·params), with FLOP/s measured here on a large GEMM in the
+same dtype. Prints tokens/s and ratio to that bound for plain `model.generate` and for
+`LocalSampler.sample`, on the same prompts (short chat prompts, left padding), for float32 and
+for bfloat16 where the CPU has native bf16. Stop tokens and stop strings are switched off in both,
+so every row decodes exactly `--max-tokens` tokens at the full batch and only generated tokens
+count. Each figure is the best of `--repeat` runs after one warm-up (the machine may be shared).
+
+    python bench/sampling.py [--batch 32] [--max-tokens 128] [--dtype both|float32|bfloat16]
+        [--repeat 2] [--threads N] [--quick]
+
+`--quick` uses the tiny test model instead of SmolLM2-135M: a smoke run, not a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+
+from reprorl.policy import LoadedModel, load_base, tiny_model
+from reprorl.policy.sampling import LocalSampler, SampleRequest
+from reprorl.types import SamplingParams
+
+TOPICS = [
+    "What is 2+2?",
+    "Name a prime number.",
+    "Write a haiku about rain.",
+    "Explain recursion briefly.",
+    "What is the capital of France?",
+    "List three colours.",
+    "How do magnets work?",
+    "Say hello in Spanish.",
+    "Why is the sky blue?",
+    "Give me a fun fact.",
+    "What is a list in Python?",
+    "Describe a cat.",
+    "How many legs has a spider?",
+    "Suggest a name for a dog.",
+    "What does CPU stand for?",
+    "Tell me a short joke.",
+]
+
+
+def best_of(fn: Callable[[], object], repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def has_native_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def matmul_flops(dtype: torch.dtype, n: int = 2048, reps: int = 5) -> float:
+    """FLOP/s of an n-by-n @ n-by-n GEMM: best of `reps` timed runs after a warm-up."""
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=gen).to(dtype)
+    b = torch.randn(n, n, generator=gen).to(dtype)
+    out = torch.empty(n, n, dtype=dtype)
+    torch.mm(a, b, out=out)
+    seconds = best_of(lambda: torch.mm(a, b, out=out), reps)
+    return 2 * n**3 / seconds
+
+
+def read_bandwidth(mib: int = 256, reps: int = 5) -> float:
+    """Bytes/s of one streaming read (a sum over a tensor far larger than the caches)."""
+    data = torch.ones(mib << 18)
+    return data.numel() * 4 / best_of(lambda: data.sum(), reps)
+
+
+def chat_prompts(loaded: LoadedModel, batch: int) -> list[list[int]]:
+    prompts = []
+    for i in range(batch):
+        text = TOPICS[i % len(TOPICS)] + ("" if i < len(TOPICS) else " Be brief.")
+        ids: Any = loaded.tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        prompts.append([int(t) for t in ids])
+    return prompts
+
+
+def run_generate(loaded: LoadedModel, prompts: list[list[int]], max_tokens: int) -> int:
+    """Plain `generate` with explicit sampling settings; returns the number of generated tokens."""
+    width = max(len(p) for p in prompts)
+    pad = loaded.tokenizer.pad_token_id if isinstance(loaded.tokenizer.pad_token_id, int) else 0
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    model: Any = loaded.model
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens,
+            pad_token_id=pad,
+        )
+    return int(out[:, width:].numel())
+
+
+def run_sampler(sampler: LocalSampler, prompts: list[list[int]], max_tokens: int) -> int:
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, max_tokens=max_tokens)
+    requests = [SampleRequest(f"b{i}", tuple(p), params, 1000 + i) for i, p in enumerate(prompts)]
+    return sum(len(s.token_ids) for s in sampler.sample(requests))
+
+
+def bench_dtype(
+    dtype: torch.dtype, args: argparse.Namespace, loaded: LoadedModel
+) -> list[tuple[str, float, float]]:
+    cast(torch.nn.Module, loaded.model).to(dtype)  # transformers' `to` wrapper hides torch's signature
+    n_params = sum(p.numel() for p in loaded.model.parameters())
+    flops = matmul_flops(dtype)
+    bound = flops / (2 * n_params)
+    weight_bytes = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
+    streaming = args.batch * read_bandwidth() / weight_bytes
+    prompts = chat_prompts(loaded, args.batch)
+    sampler = LocalSampler.from_loaded(loaded)
+    sampler.stop_strings, sampler.stop_ids = (), frozenset()  # every row runs to max_tokens
+    name = str(dtype).removeprefix("torch.")
+    print(
+        f"[{name}] params {n_params / 1e6:.1f}M, matmul {flops / 1e9:.0f} GFLOP/s, "
+        f"bound {bound:.0f} tok/s, threads {torch.get_num_threads()}"
+    )
+    print(
+        f"  (memory: reading the weights once per step at the measured bandwidth caps batch "
+        f"{args.batch} at {streaming:.0f} tok/s, ratio {streaming / bound:.2f} of the compute bound)"
+    )
+    rows: list[tuple[str, float, float]] = []
+    tokens = args.batch * args.max_tokens
+    runs: list[tuple[str, Callable[[], int]]] = [
+        ("generate", lambda: run_generate(loaded, prompts, args.max_tokens)),
+        ("LocalSampler", lambda: run_sampler(sampler, prompts, args.max_tokens)),
+    ]
+    for label, fn in runs:
+        assert fn() == tokens, f"{label} stopped early"  # warm-up, and the token count check
+        seconds = best_of(fn, args.repeat)
+        rows.append((f"{label} {name}", tokens / seconds, tokens / seconds / bound))
+        print(f"  {label:<13} {seconds:7.2f} s  {tokens / seconds:8.1f} tok/s  ratio {rows[-1][2]:.3f}")
+    prefill = best_of(lambda: run_sampler(sampler, prompts, 1), args.repeat)
+    total = tokens / rows[-1][1]
+    print(
+        f"  LocalSampler split: prefill+first token {prefill:.2f} s, decode {total - prefill:.2f} s "
+        f"({(tokens - args.batch) / (total - prefill):.1f} tok/s, "
+        f"ratio {(tokens - args.batch) / (total - prefill) / bound:.3f})"
+    )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=32, help="rows decoded together")
+    parser.add_argument("--max-tokens", type=int, default=128, help="tokens generated per row")
+    parser.add_argument("--dtype", choices=["both", "float32", "bfloat16"], default="both")
+    parser.add_argument("--repeat", type=int, default=2, help="timed runs per figure (best is kept)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--quick", action="store_true", help="the tiny test model: a smoke run")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    loaded = tiny_model(0) if args.quick else load_base()
+    dtypes = {"float32": [torch.float32], "bfloat16": [torch.bfloat16]}.get(
+        args.dtype, [torch.float32] + ([torch.bfloat16] if has_native_bf16() else [])
+    )
+    if torch.bfloat16 in dtypes and not has_native_bf16():
+        print("note: this CPU has no native bf16; bfloat16 figures are emulated")
+    rows: list[tuple[str, float, float]] = []
+    for dtype in dtypes:
+        rows += bench_dtype(dtype, args, loaded)
+    print(f"\n{'path':<22} {'tok/s':>9} {'ratio':>7}")
+    for label, rate, ratio in rows:
+        print(f"{label:<22} {rate:>9.1f} {ratio:>7.3f}")
+    for label, rate, ratio in rows:
+        if label.startswith("LocalSampler"):
+            print(
+                f"decode tok/s at batch {args.batch}: {rate:.1f} "
+                f"(ratio {ratio:.2f} of the compute bound; target >= 0.6) [{label.split()[-1]}]"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -17,12 +17,12 @@ count. Each figure is the best of `--repeat` runs after one warm-up (the machine
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
 import torch
+from timing import best_of
 
 from reprorl.policy import LoadedModel, load_base, tiny_model
 from reprorl.policy.sampling import LocalSampler, SampleRequest
@@ -46,15 +46,6 @@ TOPICS = [
     "What does CPU stand for?",
     "Tell me a short joke.",
 ]
-
-
-def best_of(fn: Callable[[], object], repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def has_native_bf16() -> bool:

@@ -14,20 +14,11 @@ import hashlib
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
+from timing import best_of
+
 from reprorl.store import ContentStore
-
-
-def _timed(fn: object, repeat: int = 3) -> float:
-    assert callable(fn)
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def main() -> None:
@@ -62,8 +53,8 @@ def main() -> None:
             store.get_bytes(address)
 
         rows = [
-            ("write", _timed(baseline_write), _timed(store_write)),
-            ("verified read", _timed(baseline_read), _timed(store_read)),
+            ("write", best_of(baseline_write), best_of(store_write)),
+            ("verified read", best_of(baseline_read), best_of(store_read)),
         ]
     mib = size / (1 << 20)
     print(f"{'operation':<14} {'baseline MB/s':>14} {'store MB/s':>11} {'store/baseline':>15}")

@@ -225,7 +225,7 @@ def main() -> None:
 
     per_rollout_write = write_s / args.rollouts
     tokens_per_rollout = args.turns * args.tokens
-    print(f"rollout: {args.turns} turns x {args.tokens} tokens, logprobs, appended context and batch keys per turn")
+    print(f"rollout: {args.turns} turns x {args.tokens} tokens, logprobs, appended context, batch keys")
     print(f"record JSON {record_json / 1024:.0f} KiB; on disk {size / args.rollouts / 1024:.1f} KiB/rollout")
     print(
         f"write: {args.rollouts / write_s:,.0f} rollouts/s ({per_rollout_write * 1000:.2f} ms each; "

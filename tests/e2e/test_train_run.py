@@ -53,17 +53,46 @@ def test_a_run_warm_starts_trains_and_records_everything(tmp_path: Path) -> None
     metrics = record.metrics().records
     sft = [m for m in metrics if m.get("stage") == "sft"]
     assert len(sft) == 3 and sft[-1]["sft_loss"] < sft[0]["sft_loss"]  # the warm start learned
-    steps = [m for m in metrics if m.get("stage") != "sft"]
+    steps = [m for m in metrics if m.get("stage") is None]
     assert [m["step"] for m in steps] == [0, 1]
     for m in steps:
-        for key in ("reward_mean", "zero_variance_share", "rollout_s", "train_s", "tools/failure_rate"):
+        for key in (
+            "reward_mean",
+            "zero_variance_share",
+            "rollout_s",
+            "train_s",
+            "rollout_cpu_s",
+            "tools/failure_rate",
+            "train/entropy",
+            "train/kl_k3",
+            "train/mismatch_k3",
+            "train/grad_norm",
+            "train/clip_frac_high",
+            "truncation_rate",
+        ):
             assert key in m, key
+    # Eval points on the frozen suite before the first step and after the last, with intervals.
+    evals = [m for m in metrics if m.get("stage") == "eval"]
+    assert [m["step"] for m in evals] == [0, 2]
+    for m in evals:
+        assert m["eval/calc-eval/rollouts"] == 32
+        assert (
+            m["eval/calc-eval/success_low"] <= m["eval/calc-eval/success"] <= m["eval/calc-eval/success_high"]
+        )
+    assert evals[0]["policy_version"] == steps[0]["policy_version"] != evals[1]["policy_version"]
     # Every sample names the adapter state it came from; the update between steps changed it.
     versions = [m["policy_version"] for m in steps]
     assert all(v.startswith("adapter:sha256:") for v in versions) and versions[0] != versions[1]
     rollouts = RolloutStore(record)
-    assert rollouts.count() == 12
+    assert rollouts.count("split = 'train'") == 12
+    assert rollouts.count("split = 'eval'") == 64
     assert rollouts.count("step = 1 AND policy_version = " + repr(versions[1])) == 6
     saved = [e for e in record.events().records if e.get("event") == "adapter_saved"]
     assert len(saved) == 1 and saved[0]["artifact"] == "tiny-train-adapter@v1"
     assert (run_dir / "adapter" / "adapter_config.json").is_file()
+    # The registered adapter says what it can be loaded onto and how it was trained.
+    meta = store.resolve("tiny-train-adapter@v1").version.meta
+    assert meta["base_model"] == store.resolve("tiny@v1").hash
+    assert meta["adapter"]["rank"] == 4 and meta["adapter"]["targets"] == ["q_proj", "v_proj"]
+    assert meta["lr"] == 1e-3 and meta["step"] == 2 and meta["run_id"] == record.run_id
+    assert meta["train_taskset"] == store.resolve("calc-train@v1").hash

@@ -6,11 +6,13 @@ from reprorl.algos.grpo import GRPOAdvantage
 from reprorl.algos.importance import Correction, MaskedIS, NoCorrection, TruncatedIS
 from reprorl.algos.kl import ESTIMATORS, k1, k2, k3
 from reprorl.algos.ppo import PPOClip
+from reprorl.algos.ppo_ewma import PPOEWMA
 from reprorl.algos.rloo import RLOOAdvantage
 from reprorl.algos.sft import CrossEntropy
 
 __all__ = [
     "ESTIMATORS",
+    "PPOEWMA",
     "Correction",
     "CrossEntropy",
     "DrGRPOAdvantage",

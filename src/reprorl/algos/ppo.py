@@ -8,7 +8,10 @@ sampled by the behaviour policy μ (see `importance.py`):
            + β · (1/N) Σ m · k2(π_θ, π_ref)
 
 averaged over tokens (N = Σ m: every token weighs the same, whatever its sequence's length). π_prox
-defaults to μ. The KL penalty uses k2's gradient and reports k3 (see `kl.py`).
+defaults to sg(π_θ), the trainer's own logprobs before the update: with one update per batch that is
+the policy that sampled, computed by the trainer, so r̃ = 1 and w = π_θ/μ corrects only the sampler's
+numerics (another precision, other kernels), which `mismatch_k3` measures. The KL penalty uses k2's
+gradient and reports k3 (see `kl.py`).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ class PPOClip:
     def __call__(self, logprobs: torch.Tensor, batch: TokenBatch) -> LossOutput:
         mask = batch.mask
         behaviour = batch.behaviour_logprobs
-        proximal = batch.proximal_logprobs if batch.proximal_logprobs is not None else behaviour
+        proximal = batch.proximal_logprobs if batch.proximal_logprobs is not None else logprobs.detach()
         advantages = batch.advantages[:, None].expand_as(logprobs)
         ratio = torch.exp(logprobs - proximal)
         clipped = ratio.clamp(1.0 - self.clip_low, 1.0 + self.clip_high)

@@ -186,6 +186,10 @@ class LearningSpec(SpecModel):
     tis_cap: float = Field(
         default=2.0, ge=1.0, description="Truncated importance-sampling cap vs behaviour policy."
     )
+    checkpoint_every: int = Field(
+        default=1, ge=1, description="Save a resumable checkpoint every N steps (and after the last)."
+    )
+    keep_checkpoints: int = Field(default=2, ge=1, description="Newest checkpoints kept on disk.")
     max_staleness: int = Field(
         default=0, ge=0, description="Max policy versions a sample may lag; 0 = synchronous."
     )
@@ -206,6 +210,8 @@ class LearningSpec(SpecModel):
         default=True, description="Skip groups whose rewards are all equal (no signal); counted."
     )
     sft_steps: int = Field(default=0, ge=0, description="SFT warm-start steps before RL.")
+    sft_lr: float = Field(default=1e-3, gt=0.0, lt=1.0, description="Learning rate of the SFT warm start.")
+    sft_batch_size: int = Field(default=8, ge=1, description="Demonstrations per SFT step.")
     sft_imperfect_fraction: float = Field(
         default=0.0, ge=0.0, le=1.0, description="Share of SFT demos made deliberately wrong."
     )

@@ -62,7 +62,9 @@ def open_policy(
         resolved = store.resolve(adapter)
         with tempfile.TemporaryDirectory(prefix="reprorl-adapter-") as scratch:
             folder = store.export(adapter, Path(scratch) / "adapter")
-            peft_model = load_adapter(loaded.model, folder, expected_hash=resolved.hash)
+            peft_model = load_adapter(
+                loaded.model, folder, expected_hash=resolved.hash, base_hash=loaded.base_hash
+            )
             model = peft_model.merge_and_unload()
         adapter_version = resolved.hash
         policy_version = f"adapter:{resolved.hash}"

@@ -76,6 +76,18 @@ def runner_for(opened: OpenedPolicy, spec: RunSpec, run_id: str) -> RolloutRunne
     )
 
 
+def progress_bar(label: str, show: bool) -> Progress:
+    """A bar of done / total with elapsed time, shown only when asked (a terminal), gone when done."""
+    return Progress(
+        TextColumn(label),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        disable=not show,
+        transient=True,
+    )
+
+
 def step_metrics(result: RolloutResult) -> dict[str, float]:
     finals = result.trajectories
     rewards = [t.reward.total if t.reward else 0.0 for t in finals]
@@ -109,14 +121,7 @@ async def sample_run(store: Store, spec: RunSpec, *, steps: int, show_progress: 
     writer = RolloutWriter(record)
     total = steps * min(spec.learning.tasks_per_step, len(tasks)) * spec.learning.group_size
     try:
-        with Progress(
-            TextColumn("sampling"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            disable=not show_progress,
-            transient=True,
-        ) as progress:
+        with progress_bar("sampling", show_progress) as progress:
             bar = progress.add_task("rollouts", total=total)
             async with runner_for(opened, spec, record.run_id) as runner:
                 for step in range(steps):

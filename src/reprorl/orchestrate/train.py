@@ -1,156 +1,260 @@
-"""The synchronous training loop: warm start, then sample groups, score, compute advantages, update.
+"""The training run: warm start, then sample groups, score, compute advantages, update — checkpointed.
 
-One step: the current adapter samples G rollouts of each of the step's tasks (every record, failed
+One step: the current weights sample G rollouts of each of the step's tasks (every record, failed
 ones too, goes to the rollout store), groups become advantages, zero-variance groups are dropped (and
 counted) if the spec says so, and one policy-gradient update is taken. The sampler reads the weights
-being trained, so each sample's `policy_version` names the exact adapter state it came from. Health
-metrics go to `metrics.jsonl` every step; the adapter is saved and registered at the end.
+being trained, so each sample's `policy_version` names the exact state it came from. Eval points on
+the spec's frozen suites come before the first step, every `evaluation.every_steps`, and after the
+last. Health metrics go to `metrics.jsonl` every step, a checkpoint follows every
+`learning.checkpoint_every` steps, and a killed run resumes from its newest checkpoint exactly.
 """
 
 from __future__ import annotations
 
+import shutil
 import time
-from collections import defaultdict
-from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from reprorl.algos import DrGRPOAdvantage, GRPOAdvantage, PPOClip, RLOOAdvantage, TruncatedIS
 from reprorl.config import RunSpec
-from reprorl.config.spec import LearningSpec, LoraAdapter
+from reprorl.config.spec import LoraAdapter
+from reprorl.evaluation.point import EvalPoint, evaluate
 from reprorl.hashing import derive_seed
+from reprorl.orchestrate.checkpoint import LoopState, latest_checkpoint, rewind, save_checkpoint
 from reprorl.orchestrate.launch import create_run
 from reprorl.orchestrate.policies import OpenedPolicy
-from reprorl.orchestrate.sample import load_taskset, runner_for, step_metrics, step_tasks
+from reprorl.orchestrate.sample import load_taskset, progress_bar, runner_for, step_metrics, step_tasks
+from reprorl.orchestrate.steps import group_data, health, learning_rate, make_loss, prepare
 from reprorl.orchestrate.warm_start import sft_warm_start
-from reprorl.policy import load_base, tensors_hash
+from reprorl.policy import LoadedModel, load_base, tensors_hash
 from reprorl.policy.chat import ChatRenderer
 from reprorl.policy.sampling import LocalSampler
 from reprorl.rollout.episode import Provenance
-from reprorl.rollout.runner import plan_groups
-from reprorl.rollout.stats import ToolStats
+from reprorl.rollout.runner import RolloutRunner, plan_groups
 from reprorl.store import RunRecord, Store
 from reprorl.store.rollouts import RolloutWriter
-from reprorl.trainer import AdamParams, Datum, LocalTrainer, from_trajectory
-from reprorl.types import Split, Termination, Trajectory
+from reprorl.trainer import AdamParams, EWMAWeights, LocalTrainer
+from reprorl.trainer.snapshot import SamplingSnapshot
+from reprorl.types import Split, Task
 
-ADVANTAGES = {"grpo": GRPOAdvantage, "dr_grpo": DrGRPOAdvantage, "rloo": RLOOAdvantage}
-
-
-def learning_rate(learning: LearningSpec, step: int) -> float:
-    """Linear warmup, then the spec's schedule from the peak rate down to zero at the last step."""
-    if step < learning.warmup_steps:
-        return learning.lr * (step + 1) / learning.warmup_steps
-    span = max(learning.steps - learning.warmup_steps, 1)
-    progress = (step - learning.warmup_steps) / span
-    if learning.schedule == "linear":
-        return learning.lr * (1.0 - progress)
-    if learning.schedule == "cosine":
-        import math
-
-        return learning.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
-    return learning.lr
+EWMA_FILE = "ewma.pt"
 
 
-def group_data(
-    trajectories: Sequence[Trajectory], learning: LearningSpec
-) -> tuple[list[Datum], dict[str, float]]:
-    """Advantages per group; infra failures are not the agent's and are left out."""
-    advantage = ADVANTAGES[learning.advantage]()
-    groups: dict[str, list[Trajectory]] = defaultdict(list)
-    for t in trajectories:
-        if t.termination is not Termination.INFRA_ERROR and any(turn.token_ids for turn in t.turns):
-            groups[t.group_id].append(t)
-    data: list[Datum] = []
-    zero = 0
-    for members in groups.values():
-        rewards = torch.tensor([m.reward.total if m.reward else 0.0 for m in members])
-        if len(members) < 2 or bool((rewards == rewards[0]).all()):
-            zero += 1
-            if learning.drop_zero_variance_groups:
-                continue
-        for member, value in zip(members, advantage(rewards).tolist(), strict=True):
-            data.append(from_trajectory(member, advantage=value))
-    return data, {"zero_variance_groups": float(zero), "zero_variance_share": zero / max(len(groups), 1)}
+@dataclass(frozen=True)
+class Suite:
+    """A frozen eval suite as the loop uses it: its name, its pinned reference, its tasks."""
+
+    name: str
+    ref: str
+    tasks: tuple[Task, ...]
 
 
-def adapter_version(trainer: LocalTrainer) -> str:
-    """The exact adapter weights, hashed in memory (the saved folder's hash is recorded at the end)."""
-    state = {n: p for n, p in trainer.model.named_parameters() if p.requires_grad}
-    return tensors_hash(state)
+def eval_suites(store: Store, spec: RunSpec) -> list[Suite]:
+    suites = []
+    for ref in spec.evaluation.suites:
+        resolved = store.resolve(str(ref))
+        taskset = load_taskset(store, str(ref))
+        tasks = taskset.split(Split.EVAL) + taskset.split(Split.HOLDOUT)
+        name = resolved.version.name if resolved.version else str(ref)
+        suites.append(Suite(name, str(ref), tasks))
+    return suites
 
 
-async def train_run(store: Store, spec: RunSpec, *, show_progress: bool = False) -> RunRecord:
-    """Run `spec` end to end on this machine; returns the finished run record."""
-    learning = spec.learning
+def build_trainer(loaded: LoadedModel, spec: RunSpec) -> LocalTrainer:
+    """The trainer of the spec's `model.adapter`: a new LoRA adapter, or every weight."""
     adapter = spec.model.adapter
-    if not isinstance(adapter, LoraAdapter):
-        raise NotImplementedError("full fine-tuning runs are not wired into the loop yet; use a LoRA adapter")
-    tasks = load_taskset(store, str(spec.data.train)).split(Split.TRAIN)
-    loaded = load_base(str(spec.model.base), store=store)
-    record = create_run(spec, store)
-    record.set_status("running")
-    writer = RolloutWriter(record)
-    try:
-        started = time.perf_counter()
-        if learning.sft_steps:
-            warm = await sft_warm_start(
-                loaded,
-                tasks,
-                adapter,
-                record.path / "sft-adapter",
-                steps=learning.sft_steps,
-                seed=derive_seed(spec.seed, "sft"),
-                imperfect_fraction=learning.sft_imperfect_fraction,
-                on_step=lambda step, loss: record.log_metrics(step, {"sft_loss": loss}, stage="sft"),
-            )
-            trainer = warm.trainer
-            record.event("sft_done", adapter=warm.adapter_hash, seconds=time.perf_counter() - started)
-        else:
-            trainer = LocalTrainer.lora(
-                loaded, adapter, seed=derive_seed(spec.seed, "adapter-init"), autocast_bf16=True
-            )
-        trainer.model.train(False)
-        renderer = ChatRenderer(loaded.tokenizer)
-        sampler = LocalSampler(
-            trainer.model, loaded.tokenizer, model_hash=loaded.base_hash, policy_version=""
+    if isinstance(adapter, LoraAdapter):
+        return LocalTrainer.lora(
+            loaded, adapter, seed=derive_seed(spec.seed, "adapter-init"), autocast_bf16=True
         )
-        provenance = Provenance(loaded.base_hash, None, renderer.template_hash, sampler.info())
-        loss = PPOClip(learning.clip_low, learning.clip_high, TruncatedIS(learning.tis_cap), learning.kl.coef)
-        opened = OpenedPolicy(loaded, sampler, renderer, provenance)
-        async with runner_for(opened, spec, record.run_id) as runner:
-            for step in range(learning.steps):
-                sampler.policy_version = f"adapter:{adapter_version(trainer)}"
-                t0 = time.perf_counter()
-                jobs = plan_groups(
-                    step_tasks(tasks, spec, step),
-                    learning.group_size,
-                    run_id=record.run_id,
-                    run_seed=spec.seed,
-                    step=step,
-                )
-                result = await runner.run(jobs)
-                writer.write(step, result.all())
-                rollout_s = time.perf_counter() - t0
-                data, group_stats = group_data(result.trajectories, learning)
-                t1 = time.perf_counter()
-                train: dict[str, float] = {}
-                if data:
-                    train = trainer.forward_backward(data, loss)
-                    train.update(trainer.optim_step(AdamParams(lr=learning_rate(learning, step))))
-                metrics = {
-                    **step_metrics(result),
-                    **group_stats,
-                    **{f"train_{k}": v for k, v in train.items()},
-                    **_health(result.trajectories),
-                    "rollout_s": rollout_s,
-                    "train_s": time.perf_counter() - t1,
-                }
-                record.log_metrics(step, metrics, policy_version=sampler.policy_version)
-        digest = trainer.save_adapter(record.path / "adapter")
-        version = store.add(f"{spec.name}-adapter", record.path / "adapter", kind="adapter")
-        record.event("adapter_saved", adapter=digest, artifact=version.label, step=learning.steps)
+    return LocalTrainer.full(loaded, autocast_bf16=True)
+
+
+def weights_version(trainer: LocalTrainer) -> str:
+    """The exact trained weights, hashed in memory (the saved folder's hash is recorded at the end)."""
+    kind = "adapter" if trainer.trains_adapter else "weights"
+    return f"{kind}:{tensors_hash(trainer.trainable_state())}"
+
+
+class TrainLoop:
+    """One run's loop state: trainer, sampler, runner, record; `run()` takes it from its cursor to the end."""
+
+    def __init__(
+        self,
+        store: Store,
+        spec: RunSpec,
+        record: RunRecord,
+        loaded: LoadedModel,
+        trainer: LocalTrainer,
+        ewma: EWMAWeights | None,
+    ) -> None:
+        self.store, self.spec, self.record, self.loaded = store, spec, record, loaded
+        self.trainer, self.ewma = trainer, ewma
+        self.learning = spec.learning
+        self.tasks = load_taskset(store, str(spec.data.train)).split(Split.TRAIN)
+        if not self.tasks:
+            raise ValueError(f"data.train: {spec.data.train} has no train-split tasks")
+        self.suites = eval_suites(store, spec)
+        self.writer = RolloutWriter(record)
+        self.loss = make_loss(self.learning)
+        renderer = ChatRenderer(loaded.tokenizer)
+        self.snapshot = SamplingSnapshot(trainer)
+        self.sampler = LocalSampler(
+            self.snapshot.model, loaded.tokenizer, model_hash=loaded.base_hash, policy_version=""
+        )
+        provenance = Provenance(loaded.base_hash, None, renderer.template_hash, self.sampler.info())
+        self.opened = OpenedPolicy(loaded, self.sampler, renderer, provenance)
+
+    def save(self, next_step: int) -> None:
+        size = (self.record.path / "metrics.jsonl").stat().st_size
+        state = LoopState(
+            next_step=next_step, metrics_bytes=size, policy_version=weights_version(self.trainer)
+        )
+
+        def write(folder: Path) -> None:
+            self.trainer.save_state(folder)
+            if self.ewma is not None:
+                torch.save(self.ewma.state_dict(), folder / EWMA_FILE)
+
+        save_checkpoint(self.record, state, write, keep=self.learning.keep_checkpoints)
+
+    async def warm_start(self) -> None:
+        learning, started = self.learning, time.perf_counter()
+        shutil.rmtree(self.record.path / "sft-adapter", ignore_errors=True)  # a killed earlier attempt
+        warm = await sft_warm_start(
+            self.loaded,
+            self.tasks,
+            LoraAdapter(),  # unused: the run's own trainer is passed in
+            self.record.path / "sft-adapter",
+            steps=learning.sft_steps,
+            batch_size=learning.sft_batch_size,
+            lr=learning.sft_lr,
+            seed=derive_seed(self.spec.seed, "sft"),
+            imperfect_fraction=learning.sft_imperfect_fraction,
+            on_step=lambda step, loss: self.record.log_metrics(step, {"sft_loss": loss}, stage="sft"),
+            trainer=self.trainer,
+        )
+        self.record.event("sft_done", adapter=warm.adapter_hash, seconds=time.perf_counter() - started)
+
+    async def evaluate(self, runner: RolloutRunner, step: int) -> list[EvalPoint]:
+        points = []
+        for suite in self.suites:
+            t0, c0 = time.perf_counter(), time.process_time()
+            point = await evaluate(
+                runner,
+                suite.name,
+                suite.tasks,
+                run_id=self.record.run_id,
+                run_seed=self.spec.seed,
+                step=step,
+                policy_version=self.sampler.policy_version,
+                samples_per_task=self.spec.evaluation.samples_per_task,
+            )
+            self.writer.write(step, point.result.all())
+            timing = {"eval_s": time.perf_counter() - t0, "eval_cpu_s": time.process_time() - c0}
+            self.record.log_metrics(
+                step,
+                {**point.metrics(), **timing},
+                stage="eval",
+                suite=suite.ref,
+                policy_version=point.policy_version,
+            )
+            points.append(point)
+        return points
+
+    def eval_due(self, step: int) -> bool:
+        every = self.spec.evaluation.every_steps
+        return step == 0 or step == self.learning.steps or step % every == 0
+
+    async def step(self, runner: RolloutRunner, step: int) -> None:
+        learning = self.learning
+        t0, c0 = time.perf_counter(), time.process_time()
+        jobs = plan_groups(
+            step_tasks(self.tasks, self.spec, step),
+            learning.group_size,
+            run_id=self.record.run_id,
+            run_seed=self.spec.seed,
+            step=step,
+        )
+        result = await runner.run(jobs)
+        self.writer.write(step, result.all())
+        rollout_s, rollout_cpu = time.perf_counter() - t0, time.process_time() - c0
+        data, group_stats = group_data(result.trajectories, learning)
+        t1, c1 = time.perf_counter(), time.process_time()
+        train: dict[str, float] = {}
+        if data:
+            data = prepare(self.trainer, data, learning, self.ewma)
+            train = self.trainer.forward_backward(data, self.loss)
+            train.update(self.trainer.optim_step(AdamParams(lr=learning_rate(learning, step))))
+            if self.ewma is not None:
+                self.ewma.update()
+        metrics = {
+            **step_metrics(result),
+            **group_stats,
+            **{f"train/{k}": v for k, v in train.items()},
+            **health(result.trajectories),
+            "trained_sequences": float(len(data)),
+            "rollout_s": rollout_s,
+            "rollout_cpu_s": rollout_cpu,
+            "train_s": time.perf_counter() - t1,
+            "train_cpu_s": time.process_time() - c1,
+        }
+        self.record.log_metrics(step, metrics, policy_version=self.sampler.policy_version)
+
+    async def run(self, start: int, *, show_progress: bool = False) -> list[EvalPoint]:
+        """Steps `start` .. the last, with eval points and checkpoints; returns the eval points run."""
+        learning, points = self.learning, []
+        with progress_bar("training", show_progress) as progress:
+            bar = progress.add_task("steps", total=learning.steps, completed=start)
+            async with runner_for(self.opened, self.spec, self.record.run_id) as runner:
+                for step in range(start, learning.steps + 1):
+                    self.snapshot.refresh()
+                    self.sampler.policy_version = weights_version(self.trainer)
+                    if self.eval_due(step):
+                        points.extend(await self.evaluate(runner, step))
+                    if step == learning.steps:
+                        break
+                    await self.step(runner, step)
+                    progress.advance(bar)
+                    if (step + 1) % learning.checkpoint_every == 0 and step + 1 < learning.steps:
+                        self.save(step + 1)
+        return points
+
+
+async def train_run(
+    store: Store, spec: RunSpec, *, resume: RunRecord | None = None, show_progress: bool = False
+) -> RunRecord:
+    """Run `spec` end to end on this machine, or continue `resume` (a run of it) from its checkpoint."""
+    loaded = load_base(str(spec.model.base), store=store)
+    record = resume if resume is not None else create_run(spec, store)
+    record.set_status("running")
+    try:
+        trainer = build_trainer(loaded, spec)
+        ewma = (
+            EWMAWeights(trainer.params, spec.learning.ewma_decay)
+            if spec.learning.loss == "ppo_ewma"
+            else None
+        )
+        loop = TrainLoop(store, spec, record, loaded, trainer, ewma)
+        start, checkpoint = 0, None
+        if resume is not None:
+            checkpoint = latest_checkpoint(record)
+            start = rewind(record, checkpoint)
+            record.event("resumed", from_step=start, checkpoint=checkpoint.path.name if checkpoint else None)
+        if checkpoint is not None:
+            trainer.load_state(checkpoint.path)
+            if ewma is not None:
+                ewma.load_state_dict(torch.load(checkpoint.path / EWMA_FILE, weights_only=True))
+        elif spec.learning.sft_steps:
+            await loop.warm_start()
+            if ewma is not None:
+                ewma = loop.ewma = EWMAWeights(trainer.params, spec.learning.ewma_decay)
+            loop.save(0)
+        await loop.run(start, show_progress=show_progress)
+        finish(store, spec, record, trainer)
     except BaseException as exc:
         record.set_status("failed", error=f"{type(exc).__name__}: {exc}"[:500])
         raise
@@ -158,13 +262,22 @@ async def train_run(store: Store, spec: RunSpec, *, show_progress: bool = False)
     return record
 
 
-def _health(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
-    stats = ToolStats().add(trajectories)
-    lengths = [t.completion_tokens for t in trajectories]
-    truncated = sum(any(turn.finish_reason == "length" for turn in t.turns) for t in trajectories)
-    out: dict[str, Any] = {
-        "response_tokens_mean": sum(lengths) / max(len(lengths), 1),
-        "truncation_rate": truncated / max(len(trajectories), 1),
-        **stats.as_metrics(),
+def finish(store: Store, spec: RunSpec, record: RunRecord, trainer: LocalTrainer) -> None:
+    """Save the trained weights as a standard folder and register them with what they depend on."""
+    folder = record.path / "adapter"
+    shutil.rmtree(folder, ignore_errors=True)  # a killed earlier attempt at this very save
+    digest = trainer.save_adapter(folder)
+    adapter = spec.model.adapter
+    meta: dict[str, Any] = {
+        "base_model": trainer.base_hash,
+        "adapter": adapter.model_dump(mode="json"),
+        "lr": spec.learning.lr,
+        "loss": spec.learning.loss,
+        "train_taskset": store.resolve(str(spec.data.train)).hash,
+        "step": spec.learning.steps,
+        "run_id": record.run_id,
+        "spec_hash": spec.spec_hash(),
     }
-    return out
+    version = store.add(f"{spec.name}-adapter", folder, kind="adapter", meta=meta)
+    store.registry.link(version.hash, trainer.base_hash, "adapter_of", run_id=record.run_id)
+    record.event("adapter_saved", adapter=digest, artifact=version.label, step=spec.learning.steps)

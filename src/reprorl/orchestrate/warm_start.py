@@ -46,16 +46,21 @@ async def sft_warm_start(
     imperfect_fraction: float = 0.0,
     autocast_bf16: bool = True,
     on_step: Callable[[int, float], None] | None = None,
+    trainer: LocalTrainer | None = None,
 ) -> WarmStart:
-    """Fit a new LoRA adapter on `loaded` to oracle demonstrations of `tasks`; save it to `out_dir`."""
+    """Fit a new LoRA adapter on `loaded` to oracle demonstrations of `tasks`; save it to `out_dir`.
+
+    With `trainer`, its weights (an adapter or the full model) are trained instead of a new adapter.
+    """
     renderer = ChatRenderer(loaded.tokenizer)
     demos = await collect_demonstrations(
         tasks, renderer, run_id="sft", seed=seed, imperfect_fraction=imperfect_fraction
     )
     data = [from_trajectory(d) for d in demos]
-    trainer = LocalTrainer.lora(
-        loaded, adapter, seed=derive_seed(seed, "adapter-init"), autocast_bf16=autocast_bf16
-    )
+    if trainer is None:
+        trainer = LocalTrainer.lora(
+            loaded, adapter, seed=derive_seed(seed, "adapter-init"), autocast_bf16=autocast_bf16
+        )
     rng = random.Random(derive_seed(seed, "sft-batches"))
     losses = []
     for step in range(steps):

@@ -9,6 +9,7 @@ the same hash. The adapter's random init comes from a seed and leaves the global
 from __future__ import annotations
 
 import contextlib
+import json
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -101,6 +102,16 @@ def save_adapter(model: PeftModel, directory: Path, *, base_hash: str | None = N
     return adapter_hash(directory)
 
 
+def adapter_base(directory: Path) -> str | None:
+    """The base-model hash an adapter folder records, or None when it names no hash (a path, a hub id)."""
+    try:
+        config = json.loads((Path(directory) / "adapter_config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    recorded = config.get("base_model_name_or_path")
+    return recorded if isinstance(recorded, str) and recorded.startswith("sha256:") else None
+
+
 def adapter_hash(directory: Path) -> str:
     """The adapter folder's store hash: the adapter version a sample records."""
     return tree_hash(Path(directory))
@@ -112,11 +123,23 @@ def load_adapter(
     *,
     trainable: bool = False,
     expected_hash: str | None = None,
+    base_hash: str | None = None,
 ) -> PeftModel:
-    """Attach a saved adapter to `model` (modified in place), checking its hash when one is given."""
+    """Attach a saved adapter to `model` (modified in place), checking its hash when one is given.
+
+    With `base_hash` (the hash of `model`'s weights), an adapter whose config records another base
+    is refused: its low-rank updates are only meaningful on the weights they were trained against.
+    """
     directory = Path(directory)
     if not (directory / "adapter_config.json").is_file():
         raise UserInputError(f"{str(directory)!r} is not an adapter folder (no adapter_config.json)")
+    if base_hash is not None:
+        recorded = adapter_base(directory)
+        if recorded is not None and recorded != base_hash:
+            raise UserInputError(
+                f"adapter {directory.name} was trained on base {recorded}, not on {base_hash}; "
+                "load it onto the base it was trained on"
+            )
     if expected_hash is not None:
         actual = adapter_hash(directory)
         if actual != expected_hash:

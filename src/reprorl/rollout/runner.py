@@ -48,9 +48,20 @@ class RolloutJob:
 
 
 def plan_groups(
-    tasks: Sequence[Task], group_size: int, *, run_id: str, run_seed: int, step: int, kind: str = "train"
+    tasks: Sequence[Task],
+    group_size: int,
+    *,
+    run_id: str,
+    run_seed: int,
+    step: int,
+    kind: str = "train",
+    seed_step: int | None = None,
 ) -> list[RolloutJob]:
-    """G jobs per task; ids read `<run_id>/<kind>/<step>/<task_id>/<member>`."""
+    """G jobs per task; ids read `<run_id>/<kind>/<step>/<task_id>/<member>`.
+
+    Seeds derive from (run seed, kind, step, task, member); `seed_step` replaces the step in that
+    derivation, so evaluations at different steps can draw with the same seeds (paired points).
+    """
     if group_size < 1:
         raise ValueError("group_size must be at least 1")
     jobs = []
@@ -64,7 +75,9 @@ def plan_groups(
                     group_id=group_id,
                     member=member,
                     step=step,
-                    seed=derive_seed(run_seed, kind, step, task.id, member),
+                    seed=derive_seed(
+                        run_seed, kind, step if seed_step is None else seed_step, task.id, member
+                    ),
                 )
             )
     return jobs

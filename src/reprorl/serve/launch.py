@@ -7,7 +7,6 @@ of the base it was trained on, and a mismatch is refused).
 
 from __future__ import annotations
 
-import json
 import signal
 import socket
 from collections.abc import Callable
@@ -71,26 +70,11 @@ def _load_base(base: str, store: Store | None, dtype: torch.dtype) -> LoadedMode
 
 
 def _merge_adapter(loaded: LoadedModel, directory: Path) -> tuple[PreTrainedModel, str]:
-    config_file = directory / "adapter_config.json"
-    if not config_file.is_file():
-        raise UserInputError(
-            f"{str(directory)!r} is not an adapter folder (no adapter_config.json)", field="adapter"
-        )
-    try:
-        config = json.loads(config_file.read_text())
-    except (OSError, ValueError) as exc:
-        raise UserInputError(f"{config_file} is unreadable: {exc}", field="adapter") from None
-    trained_on = config.get("base_model_name_or_path") if isinstance(config, dict) else None
-    # An adapter applied to weights other than those it was trained on serves nonsense.
-    if isinstance(trained_on, str) and trained_on.startswith("sha256:") and trained_on != loaded.base_hash:
-        raise UserInputError(
-            f"{directory} was trained on base {trained_on[:19]}…, not on the served base "
-            f"{loaded.base_hash[:19]}…",
-            field="adapter",
-        )
+    # An adapter applied to weights other than those it was trained on serves nonsense: refused.
+    peft_model = load_adapter(loaded.model, directory, base_hash=loaded.base_hash)
     version = f"adapter:{adapter_hash(directory)}"
     # Merged once here, a token costs what it costs on the base: no adapter matmuls while decoding.
-    merged = load_adapter(loaded.model, directory).merge_and_unload()
+    merged = peft_model.merge_and_unload()
     if not isinstance(merged, PreTrainedModel):
         raise TypeError(f"merging the adapter gave a {type(merged).__name__}, not a PreTrainedModel")
     return merged, version

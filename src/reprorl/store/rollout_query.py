@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from reprorl.errors import NotFoundError, RecordError, UserInputError
 from reprorl.store.rollouts import (
     COLUMNS,
+    DISCARDED_EVENT,
     SCHEMA,
     SUMMARY_COLUMNS,
     WRITTEN_EVENT,
@@ -83,13 +84,14 @@ class RolloutStore:
         return parts
 
     def _logged_parts(self) -> set[Path]:
-        """Parts the run's event log says were written (none for a bare folder without a log)."""
-        events = read_log(self.run_dir / "events.jsonl").records
-        return {
-            self.run_dir / str(e.get("part"))
-            for e in events
-            if e.get("event") == WRITTEN_EVENT and e.get("part")
-        }
+        """Parts the run's event log says were written and not since discarded (none without a log)."""
+        logged: set[Path] = set()
+        for e in read_log(self.run_dir / "events.jsonl").records:
+            if e.get("event") == WRITTEN_EVENT and e.get("part"):
+                logged.add(self.run_dir / str(e["part"]))
+            elif e.get("event") == DISCARDED_EVENT:
+                logged.difference_update(self.run_dir / str(p) for p in e.get("parts", []))
+        return logged
 
     # -- queries -------------------------------------------------------------------------------
 

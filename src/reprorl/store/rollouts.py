@@ -32,6 +32,7 @@ ROLLOUT_SCHEMA_VERSION = 1
 FORMAT = "reprorl.rollouts"
 ROLLOUTS_DIR = "rollouts"
 WRITTEN_EVENT = "rollouts_written"
+DISCARDED_EVENT = "rollouts_discarded"  # parts removed on purpose (a resume rewinds past them)
 META_FORMAT, META_VERSION, META_RUN, META_STEP = (
     b"reprorl.format",
     b"reprorl.schema_version",

@@ -1,6 +1,15 @@
 """Training: the local backend's primitives, training data from trajectories, and training stages."""
 
 from reprorl.trainer.data import Datum, collate, from_trajectory
-from reprorl.trainer.local import AdamParams, LocalTrainer
+from reprorl.trainer.ewma import EWMAWeights
+from reprorl.trainer.local import AdamParams, LocalTrainer, with_logprobs
 
-__all__ = ["AdamParams", "Datum", "LocalTrainer", "collate", "from_trajectory"]
+__all__ = [
+    "AdamParams",
+    "Datum",
+    "EWMAWeights",
+    "LocalTrainer",
+    "collate",
+    "from_trajectory",
+    "with_logprobs",
+]

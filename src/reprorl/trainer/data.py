@@ -26,10 +26,17 @@ class Datum:
     behaviour_logprobs: tuple[float, ...]  # per token of input_ids; 0 where mask is 0
     advantage: float = 0.0
     policy_version: str = ""
+    # Per token of input_ids (0 on the first), computed by the trainer: under the proximal policy
+    # of PPO (None = the current weights before the update) and under the reference (for KL).
+    proximal_logprobs: tuple[float, ...] | None = None
+    reference_logprobs: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if not len(self.input_ids) == len(self.mask) == len(self.behaviour_logprobs):
             raise ValueError("input_ids, mask and behaviour_logprobs must have one entry per token")
+        for extra in (self.proximal_logprobs, self.reference_logprobs):
+            if extra is not None and len(extra) != len(self.input_ids):
+                raise ValueError("proximal and reference logprobs must have one entry per token")
         if len(self.input_ids) < 2:
             raise ValueError("a training sequence needs at least two tokens")
 
@@ -74,6 +81,8 @@ def collate(data: Sequence[Datum], pad_id: int) -> Collated:
         attention[i, :n] = 1
         mask[i, :n] = torch.tensor(d.mask)
         behaviour[i, :n] = torch.tensor(d.behaviour_logprobs)
+    proximal = _optional([d.proximal_logprobs for d in data], width)
+    reference = _optional([d.reference_logprobs for d in data], width)
     return Collated(
         input_ids=ids,
         attention_mask=attention,
@@ -82,5 +91,20 @@ def collate(data: Sequence[Datum], pad_id: int) -> Collated:
             mask=mask[:, 1:],
             behaviour_logprobs=behaviour[:, 1:],
             advantages=torch.tensor([d.advantage for d in data], dtype=torch.float32),
+            proximal_logprobs=proximal[:, 1:] if proximal is not None else None,
+            reference_logprobs=reference[:, 1:] if reference is not None else None,
         ),
     )
+
+
+def _optional(rows: Sequence[tuple[float, ...] | None], width: int) -> torch.Tensor | None:
+    """A padded [B, L] tensor when every datum carries the values, else None (all or nothing)."""
+    present = [r is not None for r in rows]
+    if not any(present):
+        return None
+    if not all(present):
+        raise ValueError("some data carry proximal/reference logprobs and some do not")
+    out = torch.zeros((len(rows), width), dtype=torch.float32)
+    for i, r in enumerate(rows):
+        out[i, : len(r or ())] = torch.tensor(r)
+    return out

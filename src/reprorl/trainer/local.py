@@ -8,17 +8,21 @@ be saved as a standard peft / transformers folder.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from peft import PeftModel
 from pydantic import BaseModel, ConfigDict, Field
+from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from reprorl.algos.base import Loss
+from reprorl.algos.base import Loss, TokenBatch
 from reprorl.config.spec import LoraAdapter
-from reprorl.policy import LoadedModel, apply_lora_spec, save_adapter
+from reprorl.policy import LoadedModel, apply_lora_spec, save_adapter, save_model, tensors_hash, tree_hash
 from reprorl.trainer.data import Datum, collate
 
 
@@ -33,6 +37,16 @@ class AdamParams(BaseModel):
     eps: float = Field(default=1e-8, gt=0.0, description="Adam denominator epsilon.")
     weight_decay: float = Field(default=0.0, ge=0.0, description="Decoupled weight decay (AdamW).")
     grad_clip: float | None = Field(default=1.0, gt=0.0, description="Clip the global grad norm; None = off.")
+
+
+STATE_WEIGHTS = "trainer.safetensors"
+STATE_OPTIMIZER = "optimizer.pt"
+
+
+def _adamw(params: list[torch.nn.Parameter], adam: AdamParams) -> torch.optim.AdamW:
+    return torch.optim.AdamW(
+        params, lr=adam.lr, betas=(adam.beta1, adam.beta2), eps=adam.eps, weight_decay=adam.weight_decay
+    )
 
 
 class LocalTrainer:
@@ -58,6 +72,7 @@ class LocalTrainer:
         pad = tokenizer.pad_token_id
         self.pad_id = pad if isinstance(pad, int) else 0
         self.optimizer: torch.optim.AdamW | None = None
+        self.reference: PreTrainedModel | None = None
         self.step = 0
 
     @classmethod
@@ -65,23 +80,68 @@ class LocalTrainer:
         model = apply_lora_spec(loaded.model, adapter, seed=seed)
         return cls(model, loaded.tokenizer, base_hash=loaded.base_hash, **kwargs)  # type: ignore[arg-type]
 
+    @classmethod
+    def full(cls, loaded: LoadedModel, **kwargs: object) -> LocalTrainer:
+        """Train every weight of `loaded.model`; a frozen copy is kept as the KL reference."""
+        reference = copy.deepcopy(loaded.model).requires_grad_(False)
+        loaded.model.requires_grad_(True)
+        trainer = cls(loaded.model, loaded.tokenizer, base_hash=loaded.base_hash, **kwargs)  # type: ignore[arg-type]
+        trainer.reference = reference
+        return trainer
+
+    @property
+    def trains_adapter(self) -> bool:
+        """True for a LoRA adapter on frozen base weights, False when every weight is trained."""
+        return isinstance(self.model, PeftModel)
+
+    @property
+    def reference_available(self) -> bool:
+        """Whether reference logprobs can be computed (the base under the adapter, or a frozen copy)."""
+        return isinstance(self.model, PeftModel) or self.reference is not None
+
+    def reference_logprobs(self, data: Sequence[Datum]) -> list[torch.Tensor]:
+        """Logprobs under the reference policy: the base model without the adapter (or its frozen copy)."""
+        if isinstance(self.model, PeftModel):
+            with self.model.disable_adapter():
+                return self.token_logprobs(data)
+        if self.reference is None:
+            raise ValueError("this trainer keeps no reference model")
+        trained, self.model = self.model, self.reference
+        try:
+            return self.token_logprobs(data)
+        finally:
+            self.model = trained
+
+    def snapshot(self) -> tuple[str, dict[str, torch.Tensor]]:
+        """The trained tensors as the rollout side receives them, with their version (hash)."""
+        tensors = {n: t.clone() for n, t in self.trainable_state().items()}
+        return tensors_hash(tensors), tensors
+
     def token_logprobs(self, data: Sequence[Datum]) -> list[torch.Tensor]:
         """Each datum's logprob of every next token under the current weights, without gradients."""
         out = []
         with torch.no_grad():
             for start in range(0, len(data), self.micro_batch):
                 chunk = data[start : start + self.micro_batch]
-                logprobs, _ = self._logprobs(chunk)
+                logprobs, _, _ = self._logprobs(chunk)
                 for i, d in enumerate(chunk):
                     out.append(logprobs[i, : len(d.input_ids) - 1])
         return out
 
-    def _logprobs(self, chunk: Sequence[Datum]) -> tuple[torch.Tensor, object]:
+    def _logprobs(
+        self, chunk: Sequence[Datum], *, entropy: bool = False
+    ) -> tuple[torch.Tensor, TokenBatch, float]:
+        """Logprobs of every next token, the loss's side data, and the summed entropy on learned tokens."""
         collated = collate(chunk, self.pad_id)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast_bf16):
             logits = self.model(input_ids=collated.input_ids, attention_mask=collated.attention_mask).logits
         logp = torch.log_softmax(logits[:, :-1].float() / self.temperature, dim=-1)
-        return logp.gather(-1, collated.targets[..., None])[..., 0], collated.batch
+        total = 0.0
+        if entropy:
+            with torch.no_grad():  # only where tokens are learned: a few rows of the [B, T, V] tensor
+                rows = logp[collated.batch.mask > 0]
+                total = float(-(rows.exp() * rows).sum())
+        return logp.gather(-1, collated.targets[..., None])[..., 0], collated.batch, total
 
     def forward_backward(self, data: Sequence[Datum], loss: Loss) -> dict[str, float]:
         """Accumulate the gradient of `loss` over `data`; every learned token weighs the same."""
@@ -92,29 +152,26 @@ class LocalTrainer:
         if total <= 0:
             raise ValueError("the batch has no tokens to learn from (every mask is 0)")
         metrics: dict[str, float] = {}
+        entropy_sum = 0.0
         for start in range(0, len(data), self.micro_batch):
             chunk = data[start : start + self.micro_batch]
-            logprobs, batch = self._logprobs(chunk)
+            logprobs, batch, entropy = self._logprobs(chunk, entropy=True)
             share = sum(sum(d.mask[1:]) for d in chunk) / total
             if share == 0:
                 continue
-            out = loss(logprobs, batch)  # type: ignore[arg-type]
+            entropy_sum += entropy
+            out = loss(logprobs, batch)
             (out.loss * share).backward()  # type: ignore[no-untyped-call]
             for key, value in out.metrics.items():
                 metrics[key] = metrics.get(key, 0.0) + value * (1.0 if key == "tokens" else share)
         metrics["loss"] = metrics.get("nll", metrics.get("loss", 0.0))
+        metrics["entropy"] = entropy_sum / total
         return metrics
 
     def optim_step(self, adam: AdamParams) -> dict[str, float]:
         """Apply one AdamW step with these settings and clear the gradients."""
         if self.optimizer is None:
-            self.optimizer = torch.optim.AdamW(
-                self.params,
-                lr=adam.lr,
-                betas=(adam.beta1, adam.beta2),
-                eps=adam.eps,
-                weight_decay=adam.weight_decay,
-            )
+            self.optimizer = _adamw(self.params, adam)
         for group in self.optimizer.param_groups:
             group.update(
                 lr=adam.lr, betas=(adam.beta1, adam.beta2), eps=adam.eps, weight_decay=adam.weight_decay
@@ -126,6 +183,73 @@ class LocalTrainer:
         self.model.train(False)
         return {"grad_norm": float(norm), "lr": adam.lr}
 
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        """The trained tensors by parameter name (the adapter's, or every weight)."""
+        return {n: p.detach() for n, p in self.model.named_parameters() if p.requires_grad}
+
+    def save_state(self, directory: Path) -> None:
+        """Write everything the next step depends on: trained weights, optimizer moments, RNG, step.
+
+        Loading it into a trainer built the same way continues bit for bit where this one stops.
+        """
+        directory.mkdir(parents=True, exist_ok=True)
+        tensors = {f"param/{n}": t.contiguous() for n, t in self.trainable_state().items()}
+        tensors["rng/torch"] = torch.get_rng_state()
+        save_file(tensors, str(directory / STATE_WEIGHTS), metadata={"step": str(self.step)})
+        optimizer = self.optimizer.state_dict() if self.optimizer is not None else None
+        torch.save({"optimizer": optimizer, "step": self.step}, directory / STATE_OPTIMIZER)
+
+    def load_state(self, directory: Path) -> None:
+        """Restore what `save_state` wrote; the parameter names must match this trainer's."""
+        tensors = load_file(str(directory / STATE_WEIGHTS))
+        params = dict(self.model.named_parameters())
+        names = {k.removeprefix("param/") for k in tensors if k.startswith("param/")}
+        expected = {n for n, p in params.items() if p.requires_grad}
+        if names != expected:
+            missing, extra = sorted(expected - names)[:3], sorted(names - expected)[:3]
+            raise ValueError(f"trainer state does not fit this model: missing {missing}, unexpected {extra}")
+        with torch.no_grad():
+            for name in names:
+                params[name].copy_(tensors[f"param/{name}"])
+        saved = torch.load(directory / STATE_OPTIMIZER, weights_only=True)
+        self.optimizer = None
+        if saved["optimizer"] is not None:
+            self.optimizer = _adamw(self.params, AdamParams(lr=1.0))
+            self.optimizer.load_state_dict(saved["optimizer"])
+        self.step = int(saved["step"])
+        torch.set_rng_state(tensors["rng/torch"])
+        self.model.train(False)
+
     def save_adapter(self, directory: Path) -> str:
-        """Save the LoRA adapter (peft layout, safetensors); return its hash."""
-        return save_adapter(self.model, directory, base_hash=self.base_hash)  # type: ignore[arg-type]
+        """Save what was trained: the LoRA adapter (peft layout) or the full model; return its hash.
+
+        Both are standard folders with safetensors weights: `PeftModel.from_pretrained` and vLLM
+        read the adapter, `from_pretrained` (and `reprorl` as a base) the full model.
+        """
+        if isinstance(self.model, PeftModel):
+            return save_adapter(self.model, directory, base_hash=self.base_hash)
+        save_model(self.model, self.tokenizer, directory)
+        return tree_hash(directory)
+
+
+def with_logprobs(
+    data: Sequence[Datum],
+    *,
+    proximal: Sequence[torch.Tensor] | None = None,
+    reference: Sequence[torch.Tensor] | None = None,
+) -> list[Datum]:
+    """`data` carrying the trainer-computed logprobs (as `token_logprobs` returns them, per datum)."""
+
+    def per_token(values: torch.Tensor | None) -> tuple[float, ...] | None:
+        return None if values is None else (0.0, *values.tolist())
+
+    out = []
+    for i, d in enumerate(data):
+        out.append(
+            dataclasses.replace(
+                d,
+                proximal_logprobs=per_token(proximal[i]) if proximal is not None else d.proximal_logprobs,
+                reference_logprobs=per_token(reference[i]) if reference is not None else d.reference_logprobs,
+            )
+        )
+    return out

@@ -144,3 +144,15 @@ def test_save_refuses_a_folder_that_is_not_empty(tiny: LoadedModel, tmp_path: Pa
     (tmp_path / "other").write_text("x")
     with pytest.raises(UserInputError, match="not empty"):
         save_adapter(apply_lora(tiny.model, rank=2), tmp_path)
+
+
+def test_an_adapter_is_refused_on_a_base_it_was_not_trained_on(tiny: LoadedModel, tmp_path: Path) -> None:
+    save_adapter(apply_lora(tiny.model, rank=2), tmp_path / "a", base_hash=tiny.base_hash)
+    other = tiny_model(1)
+    assert other.base_hash != tiny.base_hash
+    with pytest.raises(UserInputError) as caught:
+        load_adapter(other.model, tmp_path / "a", base_hash=other.base_hash)
+    message = str(caught.value)
+    assert "\n" not in message and tiny.base_hash in message and other.base_hash in message
+    # On its own base it loads.
+    assert load_adapter(tiny_model(0).model, tmp_path / "a", base_hash=tiny.base_hash) is not None

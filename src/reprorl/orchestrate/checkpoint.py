@@ -1,0 +1,146 @@
+"""Checkpoints of a run: the trainer's state and the loop's cursor, written so a killed run resumes exactly.
+
+A checkpoint is a folder `checkpoints/step-NNNNNN/` holding the trainer state (weights, optimizer
+moments, RNG), the proximal-policy weights when the loss keeps them, and `loop.json`: the next step
+to run, the adapter version, and how long `metrics.jsonl` was when it was taken. It is staged in a
+temp folder, every file's sha256 is recorded, and it is renamed into place in one step, so a kill at
+any instant leaves either the previous checkpoint or this one, never half of one.
+
+Resuming rewinds the run to its newest intact checkpoint: metric lines and rollout parts written
+after it are discarded (the discard is logged), then the loop runs again from its cursor. On CPU the
+rerun writes the same bytes, so the resumed run ends bit-identical to an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reprorl.errors import RecordError
+from reprorl.hashing import sha256_hex
+from reprorl.store import RunRecord
+from reprorl.store.atomic import fsync_dir, write_atomic
+from reprorl.store.rollouts import DISCARDED_EVENT, ROLLOUTS_DIR, find_parts
+
+CHECKPOINTS_DIR = "checkpoints"
+LOOP_FILE = "loop.json"
+SUMS_FILE = "checksums.json"
+
+
+@dataclass(frozen=True)
+class LoopState:
+    """Where the loop stands after a step: enough to continue it exactly."""
+
+    next_step: int  # the first RL step not yet taken (0 right after the warm start)
+    metrics_bytes: int  # length of metrics.jsonl when the checkpoint was taken
+    policy_version: str = ""
+    counters: dict[str, float] = field(default_factory=dict)  # running totals the loop keeps
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    state: LoopState
+
+
+def checkpoints_root(record: RunRecord) -> Path:
+    return record.path / CHECKPOINTS_DIR
+
+
+def save_checkpoint(record: RunRecord, state: LoopState, write_state: Any, *, keep: int = 2) -> Checkpoint:
+    """Stage `write_state(folder)` plus the loop state, seal it with checksums, and rename it in."""
+    root = checkpoints_root(record)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{state.next_step:06d}"
+    staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
+    try:
+        write_state(staging)
+        write_atomic(staging / LOOP_FILE, (json.dumps(asdict(state), sort_keys=True) + "\n").encode())
+        sums = {
+            p.relative_to(staging).as_posix(): sha256_hex(p.read_bytes())
+            for p in sorted(staging.rglob("*"))
+            if p.is_file()
+        }
+        write_atomic(staging / SUMS_FILE, (json.dumps(sums, sort_keys=True, indent=1) + "\n").encode())
+        fsync_dir(staging)
+        if final.exists():  # the same step again after a resume: the new one replaces it
+            shutil.rmtree(final)
+        staging.rename(final)
+        fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    record.event("checkpoint", step=state.next_step, path=final.relative_to(record.path).as_posix())
+    for old in sorted(root.glob("step-*"))[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return Checkpoint(final, state)
+
+
+def verify_checkpoint(path: Path) -> LoopState:
+    """The loop state of an intact checkpoint; raise naming the first file that does not match."""
+    try:
+        sums = json.loads((path / SUMS_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        raise RecordError(f"checkpoint {path.name}: {SUMS_FILE} is unreadable ({exc})") from None
+    for name, expected in sums.items():
+        try:
+            actual = sha256_hex((path / name).read_bytes())
+        except OSError:
+            raise RecordError(f"checkpoint {path.name}: {name} is missing") from None
+        if actual != expected:
+            raise RecordError(f"checkpoint {path.name}: {name} does not match its checksum")
+    return LoopState(**json.loads((path / LOOP_FILE).read_text()))
+
+
+def latest_checkpoint(record: RunRecord) -> Checkpoint | None:
+    """The newest checkpoint that verifies; a damaged newer one is logged and passed over."""
+    root = checkpoints_root(record)
+    for path in sorted(root.glob("step-*"), reverse=True) if root.is_dir() else []:
+        try:
+            return Checkpoint(path, verify_checkpoint(path))
+        except RecordError as exc:
+            record.event("checkpoint_damaged", path=path.name, error=str(exc))
+    return None
+
+
+def rewind(record: RunRecord, checkpoint: Checkpoint | None) -> int:
+    """Discard what the run wrote after `checkpoint` (all of it, with none); returns the next step.
+
+    Metric lines past the checkpoint are cut (the file is rewritten atomically), rollout parts of
+    steps not yet checkpointed are removed and a discard event names them, and half-staged
+    checkpoints are swept.
+    """
+    next_step = checkpoint.state.next_step if checkpoint else 0
+    metrics_bytes = checkpoint.state.metrics_bytes if checkpoint else 0
+    metrics = record.path / "metrics.jsonl"
+    data = metrics.read_bytes() if metrics.exists() else b""
+    if len(data) < metrics_bytes:
+        raise RecordError(
+            f"run {record.run_id}: metrics.jsonl is shorter than at its checkpoint (step {next_step})"
+        )
+    if len(data) > metrics_bytes:
+        write_atomic(metrics, data[:metrics_bytes])
+    discarded = [
+        path.relative_to(record.path).as_posix()
+        for path, step, _ in find_parts(record.path)
+        if step >= next_step
+    ]
+    if discarded:
+        # Logged before the files go, so a kill in between still accounts for every part.
+        record.event(DISCARDED_EVENT, parts=discarded, reason="resume", from_step=next_step)
+        for name in discarded:
+            (record.path / name).unlink(missing_ok=True)
+    for step_dir in (record.path / ROLLOUTS_DIR).glob("step=*"):
+        if step_dir.is_dir() and not any(step_dir.iterdir()):
+            step_dir.rmdir()
+    root = checkpoints_root(record)
+    for stale in root.glob(".tmp-*") if root.is_dir() else []:
+        shutil.rmtree(stale, ignore_errors=True)
+    for later in root.glob("step-*") if root.is_dir() else []:
+        if checkpoint is None or later.name > checkpoint.path.name:
+            shutil.rmtree(later, ignore_errors=True)
+    return next_step

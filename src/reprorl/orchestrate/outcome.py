@@ -1,0 +1,63 @@
+"""A run's outcome on its eval suites: success at the first and last eval points, and their paired difference.
+
+Read from the stored eval rollouts, so it is the same for a run that was killed and resumed, and
+for anyone reading the records later. Every eval point of a run draws with the same seeds, so the
+first and last points are compared task by task (a paired difference with its interval and p-value).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+
+from reprorl.evaluation.stats import Estimate, PairedDifference, mean_ci, paired_difference
+from reprorl.hashing import derive_seed
+from reprorl.store import RunRecord
+from reprorl.store.rollout_query import RolloutStore
+
+
+@dataclass(frozen=True)
+class SuiteOutcome:
+    suite: str
+    first_step: int
+    last_step: int
+    before: Estimate
+    after: Estimate
+    change: PairedDifference
+
+
+def _per_task(rows: list[dict[str, object]]) -> dict[str, float]:
+    by_task: dict[str, list[float]] = defaultdict(list)
+    for row in rows:
+        reward = row["reward_total"]
+        by_task[str(row["task_id"])].append(1.0 if isinstance(reward, float) and reward >= 1.0 else 0.0)
+    return {task: statistics.fmean(values) for task, values in sorted(by_task.items())}
+
+
+def eval_outcomes(record: RunRecord, seed: int = 0) -> list[SuiteOutcome]:
+    """Per eval suite: success before (first eval point) and after (last), with 95% intervals."""
+    table = RolloutStore(record).query(
+        "split = 'eval' OR split = 'holdout'", columns=["group_id", "step", "task_id", "reward_total"]
+    )
+    rows: dict[tuple[str, int], list[dict[str, object]]] = defaultdict(list)
+    for row in table.to_pylist():
+        # group ids read <run_id>/eval-<suite>/<step>/<task_id>
+        kind = str(row["group_id"]).split("/")[1]
+        rows[(kind.removeprefix("eval-"), int(row["step"]))].append(row)
+    outcomes = []
+    for suite in sorted({s for s, _ in rows}):
+        steps = sorted(step for s, step in rows if s == suite)
+        first, last = _per_task(rows[(suite, steps[0])]), _per_task(rows[(suite, steps[-1])])
+        boot = derive_seed(seed, "outcome", suite)
+        outcomes.append(
+            SuiteOutcome(
+                suite=suite,
+                first_step=steps[0],
+                last_step=steps[-1],
+                before=mean_ci(list(first.values()), seed=boot),
+                after=mean_ci(list(last.values()), seed=boot),
+                change=paired_difference(last, first, seed=boot),
+            )
+        )
+    return outcomes

@@ -1,0 +1,105 @@
+"""One policy-gradient step's parts: the learning-rate schedule, group advantages, the loss, health metrics.
+
+Kept apart from the loop so that each part can be checked alone and reused by other loops (async
+training drives the same pieces with another schedule).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from reprorl.algos import (
+    PPOEWMA,
+    DrGRPOAdvantage,
+    GRPOAdvantage,
+    Loss,
+    PPOClip,
+    RLOOAdvantage,
+    TruncatedIS,
+)
+from reprorl.config.spec import LearningSpec
+from reprorl.rollout.stats import ToolStats
+from reprorl.trainer import Datum, LocalTrainer, from_trajectory, with_logprobs
+from reprorl.trainer.ewma import EWMAWeights
+from reprorl.types import Termination, Trajectory
+
+ADVANTAGES = {"grpo": GRPOAdvantage, "dr_grpo": DrGRPOAdvantage, "rloo": RLOOAdvantage}
+
+
+def learning_rate(learning: LearningSpec, step: int) -> float:
+    """Linear warmup, then the spec's schedule from the peak rate down to zero at the last step."""
+    if step < learning.warmup_steps:
+        return learning.lr * (step + 1) / learning.warmup_steps
+    span = max(learning.steps - learning.warmup_steps, 1)
+    progress = (step - learning.warmup_steps) / span
+    if learning.schedule == "linear":
+        return learning.lr * (1.0 - progress)
+    if learning.schedule == "cosine":
+        return learning.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
+    return learning.lr
+
+
+def make_loss(learning: LearningSpec) -> Loss:
+    """The spec's objective: PPO clip against the pre-update weights, or against their EWMA."""
+    correction = TruncatedIS(learning.tis_cap)
+    kind = PPOEWMA if learning.loss == "ppo_ewma" else PPOClip
+    return kind(learning.clip_low, learning.clip_high, correction, learning.kl.coef)
+
+
+def group_data(
+    trajectories: Sequence[Trajectory], learning: LearningSpec
+) -> tuple[list[Datum], dict[str, float]]:
+    """Advantages per group; infra failures are not the agent's and are left out."""
+    advantage = ADVANTAGES[learning.advantage]()
+    groups: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajectories:
+        if t.termination is not Termination.INFRA_ERROR and any(turn.token_ids for turn in t.turns):
+            groups[t.group_id].append(t)
+    data: list[Datum] = []
+    zero = 0
+    for members in groups.values():
+        rewards = torch.tensor([m.reward.total if m.reward else 0.0 for m in members])
+        if len(members) < 2 or bool((rewards == rewards[0]).all()):
+            zero += 1
+            if learning.drop_zero_variance_groups:
+                continue
+        for member, value in zip(members, advantage(rewards).tolist(), strict=True):
+            data.append(from_trajectory(member, advantage=value))
+    return data, {"zero_variance_groups": float(zero), "zero_variance_share": zero / max(len(groups), 1)}
+
+
+def prepare(
+    trainer: LocalTrainer, data: list[Datum], learning: LearningSpec, ewma: EWMAWeights | None
+) -> list[Datum]:
+    """Attach what the loss reads besides the behaviour logprobs: π_prox (EWMA) and π_ref (for KL).
+
+    The reference logprobs are computed whatever the KL coefficient, so KL to the base is always a
+    health metric; with an estimator set they also enter the loss.
+    """
+    proximal = ewma.proximal_logprobs(trainer, data) if ewma is not None else None
+    reference = trainer.reference_logprobs(data) if trainer.reference_available else None
+    return with_logprobs(data, proximal=proximal, reference=reference)
+
+
+def health(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
+    """Rollout-side health: response length, truncation, tool failures by tool and class, tool usage."""
+    stats = ToolStats().add(trajectories)
+    lengths = [t.completion_tokens for t in trajectories]
+    truncated = sum(any(turn.finish_reason == "length" for turn in t.turns) for t in trajectories)
+    components: dict[str, list[float]] = defaultdict(list)
+    for t in trajectories:
+        for name, value in (t.reward.components if t.reward else {}).items():
+            components[name].append(value)
+    return {
+        "response_tokens_mean": statistics.fmean(lengths) if lengths else 0.0,
+        "truncation_rate": truncated / max(len(trajectories), 1),
+        "turns_mean": statistics.fmean(len(t.turns) for t in trajectories) if trajectories else 0.0,
+        **{f"reward/{name}": statistics.fmean(v) for name, v in sorted(components.items())},
+        **stats.as_metrics(),
+    }

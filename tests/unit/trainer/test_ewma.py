@@ -74,7 +74,7 @@ def test_after_a_step_the_proximal_policy_lies_between_the_old_and_the_new() -> 
     prompt, good, bad = (5, 6, 7), (20, 21, 22), (30, 31, 32)
     mask = (0, 0, 0, 1, 1, 1)
     data = [Datum(prompt + good, mask, (0.0,) * 6, 1.0), Datum(prompt + bad, mask, (0.0,) * 6, -1.0)]
-    old = trainer.token_logprobs(data)
+    old = trainer.token_logprobs(data, learned_only=True)
     # Sampled by the current policy; at the start θ_prox = θ, so π_prox is that policy too.
     start = ewma.proximal_logprobs(trainer, data)
     assert all(torch.equal(a, b) for a, b in zip(old, start, strict=True))
@@ -86,10 +86,12 @@ def test_after_a_step_the_proximal_policy_lies_between_the_old_and_the_new() -> 
     assert stats["clip_frac_high"] == 0.0
     trainer.optim_step(AdamParams(lr=1e-2))
     ewma.update()
-    new = trainer.token_logprobs(data)
+    new = trainer.token_logprobs(data, learned_only=True)
     prox = ewma.proximal_logprobs(trainer, data)
     # The live weights came back: the new policy's logprobs are reproduced exactly.
-    assert all(torch.equal(a, b) for a, b in zip(new, trainer.token_logprobs(data), strict=True))
+    assert all(
+        torch.equal(a, b) for a, b in zip(new, trainer.token_logprobs(data, learned_only=True), strict=True)
+    )
     for o, p, n, sign in zip(old, prox, new, (1.0, -1.0), strict=True):
         o, p, n = o[2:], p[2:], n[2:]  # the learned tokens
         assert not torch.equal(p, o) and not torch.equal(p, n)

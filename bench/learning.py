@@ -41,7 +41,9 @@ def register(store: Store, family: str, heldout: int) -> None:
         store.add(f"{family}-train", path, kind="taskset")
     sets = FAMILIES[family].generate(0, eval=heldout // 2, holdout=heldout - heldout // 2)
     tasks = sets[Split.EVAL].tasks + sets[Split.HOLDOUT].tasks
-    store.add_bytes(f"{family}-heldout", TaskSet(name=f"{family}-heldout", tasks=tasks).to_jsonl(), kind="taskset")
+    store.add_bytes(
+        f"{family}-heldout", TaskSet(name=f"{family}-heldout", tasks=tasks).to_jsonl(), kind="taskset"
+    )
 
 
 def rl_minutes(record: RunRecord) -> tuple[float, float]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from reprorl.cli.main import main
 import torch
 
+from reprorl.cli.main import main
 from reprorl.policy import load_base, save_model, tiny_model
 from reprorl.store import RunRecord, Store
 from reprorl.store.rollout_query import RolloutStore
@@ -126,5 +126,5 @@ def test_full_fine_tuning_trains_every_weight_and_saves_a_loadable_model(tmp_pat
     for part in ("embed_tokens", "q_proj", "down_proj", "input_layernorm"):
         assert any(part in n for n in changed), part
     metrics = [m for m in RunRecord(store, store.registry.runs()[0].run_id).metrics().records]
-    step = [m for m in metrics if m.get("stage") is None][0]
+    step = next(m for m in metrics if m.get("stage") is None)
     assert step["policy_version"].startswith("weights:sha256:") and "train/kl_k3" in step

@@ -138,7 +138,7 @@ class LocalTrainer:
         """Logprobs of the next tokens, the loss's side data, and the summed entropy on learned tokens.
 
         With `learned_only`, the vocabulary projection runs only where a token is learned (mask 1):
-        prompts and tool results need no logits, and [tokens × vocabulary] is most of the memory.
+        prompts and tool results need no logits, and [tokens x vocabulary] is most of the memory.
         Elsewhere the returned logprobs are 0.
         """
         collated = collate(chunk, self.pad_id)

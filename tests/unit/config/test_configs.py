@@ -1,4 +1,4 @@
-"""The shipped specs: `configs/` validates, the demo spec is the one `reprorl demo` embeds, every family has one."""
+"""The shipped specs: `configs/` validates, the demo spec is the embedded one, every family has one."""
 
 from __future__ import annotations
 

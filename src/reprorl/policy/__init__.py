@@ -1,7 +1,8 @@
 """The policy layer: base models, tokenizers and chat templates, LoRA adapters, and their hashes.
 
 Importing it turns the Hugging Face libraries offline for the whole process: models come from
-local files (the bundled GGUF, model folders, the artifact store) and nothing is downloaded.
+local files (the bundled GGUF, model folders, the artifact store) and nothing is downloaded. It
+also fixes glibc's malloc thresholds (`heap.py`), so a long run's memory is returned as it is freed.
 """
 
 import os
@@ -14,6 +15,7 @@ os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 
 from reprorl.policy.digest import file_hash, tensors_hash, text_hash, tree_hash
 from reprorl.policy.gguf import BUNDLED_NAME, bundled_gguf, bundled_hash, load_gguf
+from reprorl.policy.heap import bound_heap
 from reprorl.policy.load import DEFAULT_BASE, default_cache_root, load_base
 from reprorl.policy.lora import (
     ATTENTION_PROJECTIONS,
@@ -26,6 +28,8 @@ from reprorl.policy.lora import (
 from reprorl.policy.models import LoadedModel, export_safetensors, load_folder, save_model
 from reprorl.policy.tiny import TinyModelConfig, tiny_model
 from reprorl.policy.tiny_tokenizer import CHAT_TEMPLATE, build_tokenizer
+
+bound_heap()
 
 __all__ = [
     "ATTENTION_PROJECTIONS",

@@ -6,7 +6,7 @@ import torch
 
 from reprorl.algos import NoCorrection, PPOClip
 from reprorl.config.spec import LearningSpec
-from reprorl.orchestrate.train import group_data, learning_rate
+from reprorl.orchestrate.steps import group_data, learning_rate
 from reprorl.policy import tiny_model
 from reprorl.trainer import AdamParams, Datum, LocalTrainer
 from reprorl.types import Reward, Split, Termination, Trajectory, Turn

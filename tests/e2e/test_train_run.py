@@ -128,3 +128,32 @@ def test_full_fine_tuning_trains_every_weight_and_saves_a_loadable_model(tmp_pat
     metrics = [m for m in RunRecord(store, store.registry.runs()[0].run_id).metrics().records]
     step = next(m for m in metrics if m.get("stage") is None)
     assert step["policy_version"].startswith("weights:sha256:") and "train/kl_k3" in step
+
+
+def test_a_run_continues_from_a_registered_adapter(tmp_path: Path) -> None:
+    model = tiny_model(0)
+    save_model(model.model, model.tokenizer, tmp_path / "tiny")
+    store = Store(tmp_path / "home")
+    store.add("tiny", tmp_path / "tiny", kind="model")
+    for name in ("calc-train", "calc-eval"):
+        with resources.as_file(resources.files("reprorl") / "examples" / f"{name}.jsonl") as path:
+            store.add(name, path, kind="taskset")
+    first = SPEC.replace("steps = 2\nsft_steps = 3", "steps = 1\nsft_steps = 2")
+    (tmp_path / "first.toml").write_text(first)
+    home = ["--home", str(tmp_path / "home")]
+    assert main([*home, "run", str(tmp_path / "first.toml")]) == 0
+    final = [m for m in _records(store) if m.get("stage") == "eval"][-1]["policy_version"]
+
+    second = first.replace('base = "tiny"', 'base = "tiny"\ninit_adapter = "tiny-train-adapter"')
+    (tmp_path / "second.toml").write_text(second.replace("sft_steps = 2", "sft_steps = 0"))
+    assert main([*home, "run", str(tmp_path / "second.toml")]) == 0
+    # The second run's first samples come from exactly the weights the first run ended with.
+    assert [m for m in _records(store) if m.get("stage") == "eval"][0]["policy_version"] == final
+
+    (tmp_path / "third.toml").write_text(second.replace("rank = 4", "rank = 8"))
+    assert main([*home, "run", str(tmp_path / "third.toml")]) == 2
+
+
+def _records(store: Store) -> list[dict[str, object]]:
+    newest = store.registry.runs()[0].run_id
+    return RunRecord(store, newest).metrics().records

@@ -11,7 +11,9 @@ last. Health metrics go to `metrics.jsonl` every step, a checkpoint follows ever
 
 from __future__ import annotations
 
+import json
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,7 @@ import torch
 
 from reprorl.config import RunSpec
 from reprorl.config.spec import LoraAdapter
+from reprorl.errors import UserInputError
 from reprorl.evaluation.point import EvalPoint, evaluate
 from reprorl.hashing import derive_seed
 from reprorl.orchestrate.checkpoint import LoopState, latest_checkpoint, rewind, save_checkpoint
@@ -29,7 +32,7 @@ from reprorl.orchestrate.policies import OpenedPolicy
 from reprorl.orchestrate.sample import load_taskset, progress_bar, runner_for, step_metrics, step_tasks
 from reprorl.orchestrate.steps import group_data, health, learning_rate, make_loss, prepare
 from reprorl.orchestrate.warm_start import sft_warm_start
-from reprorl.policy import LoadedModel, load_base, tensors_hash
+from reprorl.policy import LoadedModel, load_adapter, load_base, tensors_hash
 from reprorl.policy.chat import ChatRenderer
 from reprorl.policy.sampling import LocalSampler
 from reprorl.rollout.episode import Provenance
@@ -63,14 +66,39 @@ def eval_suites(store: Store, spec: RunSpec) -> list[Suite]:
     return suites
 
 
-def build_trainer(loaded: LoadedModel, spec: RunSpec) -> LocalTrainer:
-    """The trainer of the spec's `model.adapter`: a new LoRA adapter, or every weight."""
+def build_trainer(store: Store, loaded: LoadedModel, spec: RunSpec) -> LocalTrainer:
+    """The trainer of `model.adapter`: a LoRA adapter (new, or `model.init_adapter`), or every weight."""
     adapter = spec.model.adapter
-    if isinstance(adapter, LoraAdapter):
+    if not isinstance(adapter, LoraAdapter):
+        if spec.model.init_adapter is not None:
+            raise UserInputError(
+                "an init_adapter needs model.adapter.kind = 'lora'", field="model.init_adapter"
+            )
+        return LocalTrainer.full(loaded, autocast_bf16=True)
+    if spec.model.init_adapter is None:
         return LocalTrainer.lora(
             loaded, adapter, seed=derive_seed(spec.seed, "adapter-init"), autocast_bf16=True
         )
-    return LocalTrainer.full(loaded, autocast_bf16=True)
+    ref = str(spec.model.init_adapter)
+    with tempfile.TemporaryDirectory(prefix="reprorl-init-adapter-") as scratch:
+        folder = store.export(ref, Path(scratch) / "adapter")
+        config = json.loads((folder / "adapter_config.json").read_text())
+        saved = (config.get("r"), float(config.get("lora_alpha", 0)), set(config.get("target_modules") or ()))
+        if saved != (adapter.rank, adapter.alpha, set(adapter.targets)):
+            raise UserInputError(
+                f"{ref} has rank {saved[0]}, alpha {saved[1]}, targets {sorted(saved[2])}; set model.adapter "
+                "to the same to continue training it",
+                field="model.adapter",
+            )
+        model = load_adapter(
+            loaded.model,
+            folder,
+            trainable=True,
+            expected_hash=store.resolve(ref).hash,
+            base_hash=loaded.base_hash,
+        )
+    # A PeftModel stands in for the transformers model it wraps.
+    return LocalTrainer(model, loaded.tokenizer, base_hash=loaded.base_hash, autocast_bf16=True)  # type: ignore[arg-type]
 
 
 def weights_version(trainer: LocalTrainer) -> str:
@@ -232,7 +260,7 @@ async def train_run(
     record = resume if resume is not None else create_run(spec, store)
     record.set_status("running")
     try:
-        trainer = build_trainer(loaded, spec)
+        trainer = build_trainer(store, loaded, spec)
         ewma = (
             EWMAWeights(trainer.params, spec.learning.ewma_decay)
             if spec.learning.loss == "ppo_ewma"
@@ -250,6 +278,9 @@ async def train_run(
                 ewma.load_state_dict(torch.load(checkpoint.path / EWMA_FILE, weights_only=True))
         elif spec.learning.sft_steps:
             await loop.warm_start()
+            # RL starts with fresh moments: SFT's squared gradients would shrink RL's steps for
+            # hundreds of updates (β2 = 0.999).
+            trainer.reset_optimizer()
             if ewma is not None:
                 ewma = loop.ewma = EWMAWeights(trainer.params, spec.learning.ewma_decay)
             loop.save(0)

@@ -181,6 +181,10 @@ class LocalTrainer:
         metrics["entropy"] = entropy_sum / total
         return metrics
 
+    def reset_optimizer(self) -> None:
+        """Forget the optimizer's moments; the next `optim_step` starts a new AdamW."""
+        self.optimizer = None
+
     def optim_step(self, adam: AdamParams) -> dict[str, float]:
         """Apply one AdamW step with these settings and clear the gradients."""
         if self.optimizer is None:

@@ -148,7 +148,7 @@ def test_a_run_continues_from_a_registered_adapter(tmp_path: Path) -> None:
     (tmp_path / "second.toml").write_text(second.replace("sft_steps = 2", "sft_steps = 0"))
     assert main([*home, "run", str(tmp_path / "second.toml")]) == 0
     # The second run's first samples come from exactly the weights the first run ended with.
-    assert [m for m in _records(store) if m.get("stage") == "eval"][0]["policy_version"] == final
+    assert next(m for m in _records(store) if m.get("stage") == "eval")["policy_version"] == final
 
     (tmp_path / "third.toml").write_text(second.replace("rank = 4", "rank = 8"))
     assert main([*home, "run", str(tmp_path / "third.toml")]) == 2

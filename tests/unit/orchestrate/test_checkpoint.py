@@ -1,4 +1,4 @@
-"""Checkpoints: sealed with checksums, a damaged one passed over, and a rewind that discards what came after."""
+"""Checkpoints: sealed with checksums, a damaged one passed over, a rewind that discards what came after."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def test_a_damaged_checkpoint_is_passed_over_and_named(record: RunRecord) -> Non
     save_checkpoint(record, _state(record, 1), _writer(b"good"), keep=3)
     newest = save_checkpoint(record, _state(record, 2), _writer(b"good"), keep=3)
     (newest.path / "state.bin").write_bytes(b"evil")
-    with pytest.raises(RecordError, match="state.bin does not match"):
+    with pytest.raises(RecordError, match=r"state\.bin does not match"):
         verify_checkpoint(newest.path)
     latest = latest_checkpoint(record)
     assert latest is not None and latest.state.next_step == 1

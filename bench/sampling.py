@@ -25,6 +25,7 @@ import torch
 from timing import best_of
 
 from reprorl.policy import LoadedModel, load_base, tiny_model
+from reprorl.policy.fast_llama import PackedLlama, fast_path_applies, packing_key
 from reprorl.policy.sampling import LocalSampler, SampleRequest
 from reprorl.types import SamplingParams
 
@@ -71,6 +72,31 @@ def read_bandwidth(mib: int = 256, reps: int = 5) -> float:
     """Bytes/s of one streaming read (a sum over a tensor far larger than the caches)."""
     data = torch.ones(mib << 18)
     return data.numel() * 4 / best_of(lambda: data.sum(), reps)
+
+
+def gemm_step(loaded: LoadedModel, batch: int, reps: int = 5) -> float | None:
+    """Seconds of one decode step's GEMMs alone (every layer's q|k|v, o, gate|up, down and the head)
+    on the sampler's own packed weights at `batch` rows: the ceiling for the decode steps, since
+    these GEMMs are the 2·params·batch FLOPs and everything else only adds time. None where the
+    sampler does not take the packed path."""
+    model: Any = loaded.model
+    if not fast_path_applies(model):
+        return None
+    packed = PackedLlama(model, batch, packing_key(model, batch))
+    linears = [linear for layer in packed.layers for linear in layer] + [packed.head]
+    gen = torch.Generator().manual_seed(0)
+    inputs = [
+        torch.randn(batch, linear.weight.shape[1], generator=gen).to(linear.weight.dtype)
+        for linear in linears
+    ]
+
+    def step() -> None:
+        for linear, x in zip(linears, inputs, strict=True):
+            linear(x)
+
+    with torch.inference_mode():
+        step()
+        return best_of(step, reps)
 
 
 def chat_prompts(loaded: LoadedModel, batch: int) -> list[list[int]]:
@@ -133,6 +159,13 @@ def bench_dtype(
         f"  (memory: reading the weights once per step at the measured bandwidth caps batch "
         f"{args.batch} at {streaming:.0f} tok/s, ratio {streaming / bound:.2f} of the compute bound)"
     )
+    gemms = gemm_step(loaded, args.batch)
+    if gemms is not None:
+        print(
+            f"  (GEMMs alone: the decode step's GEMMs on the packed weights take {gemms * 1e3:.1f} ms "
+            f"at batch {args.batch}, {args.batch / gemms:.0f} tok/s, ratio {args.batch / gemms / bound:.2f} "
+            f"of the compute bound: the ceiling for decode)"
+        )
     rows: list[tuple[str, float, float]] = []
     tokens = args.batch * args.max_tokens
     runs: list[tuple[str, Callable[[], int]]] = [

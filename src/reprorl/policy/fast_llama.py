@@ -101,6 +101,10 @@ class LlamaSteps:
         self.heads, self.kv_heads = int(config.num_attention_heads), int(config.num_key_value_heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
         self.positions = mask[:, :width].sum(-1)
+        # The padding mask as the additive bias SDPA turns a boolean mask into, kept up to date in
+        # place: one conversion per batch instead of one per layer and step (the same bits).
+        dtype = model.lm_head.weight.dtype
+        self.bias = torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, float("-inf"))[:, None, None]
         shape = (mask.shape[0], self.kv_heads, mask.shape[1], self.head_dim)
         self.keys, self.values = [], []
         for layer in cache.layers:
@@ -113,18 +117,22 @@ class LlamaSteps:
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         inner, n, heads, dim = self.inner, self.filled, self.heads, self.head_dim
         self.mask[:, n] = True
+        self.bias[..., n] = 0.0
         self.filled += 1
         batch, half, k_end = tokens.shape[0], dim // 2, (heads + self.kv_heads) * dim
-        mask = self.mask[:, None, None, : n + 1]
+        bias = self.bias[..., : n + 1]
         h = inner.embed_tokens(tokens)
         cos, sin = inner.rotary_emb(h, self.positions[:, None])
+        # rotate_half(x) * sin as swap_halves(x) * signed_sin, the sign folded in once per step:
+        # -a * b and a * -b are the same float, so these are the model's own bits in one op fewer.
+        signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
         for layer, (qkv_proj, o_proj, gate_up_proj, down_proj), keys, values in zip(
             inner.layers, self.packed.layers, self.keys, self.values, strict=True
         ):
             qkv = qkv_proj(layer.input_layernorm(h))
             # Rotary embedding of all query and key heads at once, in the model's own arithmetic.
             qk = qkv[:, :k_end].view(batch, -1, dim)
-            qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin
+            qk = qk * cos + qk.view(batch, -1, 2, half).flip(-2).view(batch, -1, dim) * signed_sin
             keys[:, :, n] = qk[:, heads:]
             values[:, :, n] = qkv[:, k_end:].view(batch, self.kv_heads, dim)
             # The query heads of one key/value head as a block of queries: each key/value head is
@@ -133,15 +141,15 @@ class LlamaSteps:
                 qk[:, :heads].view(batch, self.kv_heads, -1, dim),
                 keys[:, :, : n + 1],
                 values[:, :, : n + 1],
-                attn_mask=mask,
+                attn_mask=bias,
                 scale=layer.self_attn.scaling,
             )
-            h = h + o_proj(attn.reshape(batch, heads * dim))
+            h.add_(o_proj(attn.reshape(batch, heads * dim)))
             gate, up = gate_up_proj(layer.post_attention_layernorm(h)).chunk(2, dim=-1)
-            h = h + down_proj(layer.mlp.act_fn(gate) * up)
+            h.add_(down_proj(layer.mlp.act_fn(gate) * up))
         self.positions = self.positions + 1
         return self.packed.head(inner.norm(h)).float()
 
     def select(self, keep: torch.Tensor) -> None:
         self.keys, self.values = [k[keep] for k in self.keys], [v[keep] for v in self.values]
-        self.mask, self.positions = self.mask[keep], self.positions[keep]
+        self.mask, self.bias, self.positions = self.mask[keep], self.bias[keep], self.positions[keep]

@@ -2,13 +2,13 @@
 
 Per seed, in one scratch store: the demo recipe (`configs/demo.toml`: SmolLM2-135M-Instruct, LoRA
 r16 on every linear layer, 8 SFT steps on oracle demonstrations of which a quarter are deliberately
-wrong, then PPO-clip steps on the calculator family) with that seed, evaluated on a held-out suite
-(the calculator family's eval and holdout splits, never trained on) before the first RL step and
-after the last. It prints per seed: success before and after (bootstrap 95% interval over tasks),
-the paired change with its interval and p-value, whether the two intervals overlap, and the CPU
-and wall minutes the RL phase took (rollouts + updates; eval points excluded).
+wrong, then 5 PPO-clip steps of 4 tasks x 8 rollouts at lr 5e-4 on the calculator family) with that
+seed, evaluated on a held-out suite (the family's eval and holdout splits, never trained on) before
+the first RL step and after the last. It prints per seed: success before and after (bootstrap 95%
+interval over tasks), the paired change with its interval and p-value, whether the two intervals
+overlap, and the CPU and wall minutes the RL phase took (rollouts + updates; eval points excluded).
 
-    .venv/bin/python bench/learning.py [--seeds 0 1 2] [--steps 8] [--heldout 128]
+    .venv/bin/python bench/learning.py [--seeds 0 1 2] [--steps N] [--lr LR] [--heldout 128]
 
 Then the sql and files families with the same recipe (`--families`), whatever they reach.
 """
@@ -61,11 +61,12 @@ async def one(family: str, seed: int, args: argparse.Namespace, root: Path) -> d
         f"name={family}-learning",
         f"data.train={family}-train",
         f'evaluation.suites=["{family}-heldout"]',
-        f"evaluation.every_steps={args.steps}",
         "evaluation.samples_per_task=1",
-        f"learning.steps={args.steps}",
-        f"learning.lr={args.lr}",
     ]
+    if args.steps is not None:  # else the recipe's own steps and learning rate
+        overrides += [f"learning.steps={args.steps}", f"evaluation.every_steps={args.steps}"]
+    if args.lr is not None:
+        overrides.append(f"learning.lr={args.lr}")
     with resources.as_file(resources.files("reprorl") / "configs" / "demo.toml") as spec_file:
         spec = resolve_spec(load_spec(spec_file, overrides, pin_bare=store.pin_newest), store.pin)
     record = await train_run(store, spec)
@@ -87,8 +88,8 @@ def row(result: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=8, help="RL steps after the warm start")
-    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--steps", type=int, default=None, help="RL steps (default: the recipe's)")
+    parser.add_argument("--lr", type=float, default=None, help="RL learning rate (default: the recipe's)")
     parser.add_argument("--heldout", type=int, default=128, help="held-out tasks per family")
     parser.add_argument("--families", nargs="+", default=["calc"], choices=sorted(FAMILIES))
     args = parser.parse_args()

@@ -55,7 +55,7 @@ def demo(
     learning = resolved.learning
     console.print(
         f"training {resolved.name}: {learning.sft_steps} SFT steps, then {learning.steps} RL steps of "
-        f"{learning.tasks_per_step} tasks x {learning.group_size} rollouts (about 20 minutes on 2 cores)"
+        f"{learning.tasks_per_step} tasks x {learning.group_size} rollouts (about 15 minutes on 2 cores)"
     )
     record = asyncio.run(train_run(store, resolved, show_progress=True))
     for outcome in eval_outcomes(record, seed=resolved.seed):

@@ -271,7 +271,7 @@ def test_an_adapter_of_another_base_is_refused(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr.count("\n") == 1 and "not on the served base" in done.stderr
+    assert done.stderr.count("\n") == 1 and "load it onto the base it was trained on" in done.stderr
 
 
 def test_a_non_loopback_host_needs_allow_remote(tmp_path: Path) -> None:

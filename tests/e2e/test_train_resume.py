@@ -30,6 +30,8 @@ adapter = { kind = "lora", rank = 4, alpha = 8.0, targets = ["q_proj", "v_proj"]
 [data]
 owner = "t@x"
 train = "calc-train"
+# The tiny model never answers right; a component that varies gives its groups a signal.
+reward_weights = { outcome = 1.0, valid_calls = 1.0 }
 [learning]
 owner = "t@x"
 loss = "ppo_ewma"
@@ -131,11 +133,11 @@ def test_a_run_killed_at_random_points_resumes_to_the_same_adapter(tmp_path: Pat
     assert kills >= 3 and len(resumed) >= 2, (kills, resumed)
 
     outcome = _outcome(home)
-    assert outcome["adapter"] == reference["adapter"]
-    assert outcome["rollouts"] == reference["rollouts"]
     assert len(outcome["metrics"]) == len(reference["metrics"])
     for got, want in zip(outcome["metrics"], reference["metrics"], strict=True):
         differing = {
             k: (got.get(k), want.get(k)) for k in got.keys() | want.keys() if got.get(k) != want.get(k)
         }
         assert not differing, (want.get("step"), want.get("stage"), differing)
+    assert outcome["rollouts"] == reference["rollouts"]
+    assert outcome["adapter"] == reference["adapter"]

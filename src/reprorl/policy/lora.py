@@ -89,14 +89,19 @@ def save_adapter(model: PeftModel, directory: Path, *, base_hash: str | None = N
     if directory.exists() and any(directory.iterdir()):
         raise UserInputError(f"{str(directory)!r} is not empty; save an adapter into a new folder")
     config = model.peft_config[model.active_adapter]
-    recorded = config.base_model_name_or_path
+    recorded, targets = config.base_model_name_or_path, getattr(config, "target_modules", None)
     config.base_model_name_or_path = base_hash
+    if isinstance(targets, set | frozenset):
+        # peft keeps a set, written in the process's string-hash order: sorted, the bytes are stable.
+        config.target_modules = sorted(targets)  # type: ignore[attr-defined]
     try:
         with quiet_progress():
             # Embeddings are never resized here; "auto" would look the base up by name to check.
             model.save_pretrained(str(directory), safe_serialization=True, save_embedding_layers=False)
     finally:
         config.base_model_name_or_path = recorded
+        if targets is not None:
+            config.target_modules = targets  # type: ignore[attr-defined]
     # peft's generated model card repeats the config; the folder keeps only what loading needs.
     (directory / "README.md").unlink(missing_ok=True)
     return adapter_hash(directory)

@@ -156,3 +156,27 @@ def test_an_adapter_is_refused_on_a_base_it_was_not_trained_on(tiny: LoadedModel
     assert "\n" not in message and tiny.base_hash in message and other.base_hash in message
     # On its own base it loads.
     assert load_adapter(tiny_model(0).model, tmp_path / "a", base_hash=tiny.base_hash) is not None
+
+
+def test_the_saved_config_does_not_depend_on_the_process_hash_seed(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    child = (
+        "import sys; from pathlib import Path;"
+        "from reprorl.policy import apply_lora, save_adapter, tiny_model;"
+        "t = tiny_model(0);"
+        "m = apply_lora(t.model, rank=2, targets=('q_proj', 'k_proj', 'v_proj', 'o_proj'));"
+        "print(save_adapter(m, Path(sys.argv[1]), base_hash=t.base_hash))"
+    )
+    digests = set()
+    for seed in ("1", "2", "3"):
+        out = subprocess.run(
+            [sys.executable, "-c", child, str(tmp_path / seed)],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**__import__("os").environ, "PYTHONHASHSEED": seed},
+        )
+        digests.add(out.stdout.strip().splitlines()[-1])
+    assert len(digests) == 1, digests

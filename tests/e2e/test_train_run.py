@@ -40,7 +40,8 @@ suites = ["calc-eval"]
 """
 
 
-def test_a_run_warm_starts_trains_and_records_everything(tmp_path: Path) -> None:
+def _store(tmp_path: Path) -> Store:
+    """A store at `tmp_path/home` with the tiny model and the calculator task sets registered."""
     model = tiny_model(0)
     save_model(model.model, model.tokenizer, tmp_path / "tiny")
     store = Store(tmp_path / "home")
@@ -48,6 +49,11 @@ def test_a_run_warm_starts_trains_and_records_everything(tmp_path: Path) -> None
     for name in ("calc-train", "calc-eval"):
         with resources.as_file(resources.files("reprorl") / "examples" / f"{name}.jsonl") as path:
             store.add(name, path, kind="taskset")
+    return store
+
+
+def test_a_run_warm_starts_trains_and_records_everything(tmp_path: Path) -> None:
+    store = _store(tmp_path)
     (tmp_path / "spec.toml").write_text(SPEC)
     assert main(["--home", str(tmp_path / "home"), "run", str(tmp_path / "spec.toml")]) == 0
 
@@ -109,13 +115,7 @@ def test_a_run_warm_starts_trains_and_records_everything(tmp_path: Path) -> None
 
 
 def test_full_fine_tuning_trains_every_weight_and_saves_a_loadable_model(tmp_path: Path) -> None:
-    model = tiny_model(0)
-    save_model(model.model, model.tokenizer, tmp_path / "tiny")
-    store = Store(tmp_path / "home")
-    store.add("tiny", tmp_path / "tiny", kind="model")
-    for name in ("calc-train", "calc-eval"):
-        with resources.as_file(resources.files("reprorl") / "examples" / f"{name}.jsonl") as path:
-            store.add(name, path, kind="taskset")
+    store = _store(tmp_path)
     spec = SPEC.replace(
         'adapter = { kind = "lora", rank = 4, alpha = 8.0, targets = ["q_proj", "v_proj"] }',
         'adapter = { kind = "full" }',
@@ -139,13 +139,7 @@ def test_full_fine_tuning_trains_every_weight_and_saves_a_loadable_model(tmp_pat
 
 
 def test_a_run_continues_from_a_registered_adapter(tmp_path: Path) -> None:
-    model = tiny_model(0)
-    save_model(model.model, model.tokenizer, tmp_path / "tiny")
-    store = Store(tmp_path / "home")
-    store.add("tiny", tmp_path / "tiny", kind="model")
-    for name in ("calc-train", "calc-eval"):
-        with resources.as_file(resources.files("reprorl") / "examples" / f"{name}.jsonl") as path:
-            store.add(name, path, kind="taskset")
+    store = _store(tmp_path)
     first = SPEC.replace("steps = 2\nsft_steps = 3", "steps = 1\nsft_steps = 2")
     (tmp_path / "first.toml").write_text(first)
     home = ["--home", str(tmp_path / "home")]

@@ -2,13 +2,15 @@
 
 Per seed, in one scratch store: the demo recipe (`configs/demo.toml`: SmolLM2-135M-Instruct, LoRA
 r16 on every linear layer, 8 SFT steps on oracle demonstrations of which a quarter are deliberately
-wrong, then 5 PPO-clip steps of 4 tasks x 8 rollouts at lr 5e-4 on the calculator family) with that
-seed, evaluated on a held-out suite (the family's eval and holdout splits, never trained on) before
-the first RL step and after the last. It prints per seed: success before and after (bootstrap 95%
-interval over tasks), the paired change with its interval and p-value, whether the two intervals
-overlap, and the CPU and wall minutes the RL phase took (rollouts + updates; eval points excluded).
+wrong, then 10 PPO-clip steps of 4 tasks x 8 rollouts at lr 3e-4 on the calculator family, sampled
+in bfloat16) with that seed, evaluated on a held-out suite (the family's eval and holdout splits,
+never trained on) before the first RL step and after the last. It prints per seed: success before
+and after (bootstrap 95% interval over tasks), the paired change with its interval and p-value,
+whether the two intervals overlap, and the CPU and wall minutes the RL phase took (rollouts +
+updates; eval points excluded). Run it alone, or give each process one thread
+(`OMP_NUM_THREADS=1`): torch processes sharing two cores with two threads each wait on each other.
 
-    .venv/bin/python bench/learning.py [--seeds 0 1 2] [--steps N] [--lr LR] [--heldout 128]
+    .venv/bin/python bench/learning.py [--seeds 0 1 2] [--steps N] [--lr LR] [--heldout 128] [--keep DIR]
 
 Then the sql and files families with the same recipe (`--families`), whatever they reach.
 """
@@ -92,15 +94,17 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=None, help="RL learning rate (default: the recipe's)")
     parser.add_argument("--heldout", type=int, default=128, help="held-out tasks per family")
     parser.add_argument("--families", nargs="+", default=["calc"], choices=sorted(FAMILIES))
+    parser.add_argument("--keep", type=Path, default=None, help="keep the stores (run records) here")
     args = parser.parse_args()
     print(
         f"{'family':<6}{'seed':>5}  {'before [95% CI] n':<26}{'after [95% CI] n':<26}"
         f"{'change (paired) [95% CI]':<34}{'CIs':<8}{'RL cpu':>7}{'wall':>7}  (minutes)"
     )
     with tempfile.TemporaryDirectory(prefix="reprorl-learning-") as scratch:
+        root = args.keep or Path(scratch)
         for family in args.families:
             for seed in args.seeds:
-                print(row(asyncio.run(one(family, seed, args, Path(scratch)))), flush=True)
+                print(row(asyncio.run(one(family, seed, args, root))), flush=True)
 
 
 if __name__ == "__main__":

@@ -217,9 +217,7 @@ def run_reprorl(work: Workload, args: argparse.Namespace) -> Curve:
     base = load_base(work.base_dir)
     model = load_adapter(base.model, work.adapter_dir, trainable=True)
     trainer = LocalTrainer(model, base.tokenizer, base_hash=base.base_hash, autocast_bf16=args.bf16)  # type: ignore[arg-type]
-    snapshot = SamplingSnapshot(trainer)
-    if args.sampling_dtype == "bfloat16":
-        snapshot.model.to(torch.bfloat16)  # refresh() casts the merged weights as it copies them
+    snapshot = SamplingSnapshot(trainer, getattr(torch, args.sampling_dtype))
     sampler = LocalSampler(
         snapshot.model, base.tokenizer, model_hash=base.base_hash, policy_version="", stop_strings=()
     )
@@ -417,7 +415,12 @@ def main() -> None:
         default=has_native_bf16(),
         help="bf16 autocast in training, both sides (default: where the CPU has native bf16)",
     )
-    parser.add_argument("--sampling-dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument(
+        "--sampling-dtype",
+        choices=["float32", "bfloat16"],
+        default="bfloat16" if has_native_bf16() else "float32",
+        help="reprorl's sampler (the train loop's `model.sampling_dtype`); TRL generates in float32",
+    )
     parser.add_argument(
         "--trl-gradient-checkpointing",
         action=argparse.BooleanOptionalAction,

@@ -96,6 +96,23 @@ _LAZY = {
     "sft_warm_start": "reprorl.orchestrate.warm_start",
     "Replayer": "reprorl.orchestrate.replay",
     "replay": "reprorl.orchestrate.replay",
+    "evaluate_target": "reprorl.orchestrate.offline_eval",
+    "compare_runs": "reprorl.orchestrate.compare",
+    "grow_suite": "reprorl.orchestrate.regression",
+    "EvalPoint": "reprorl.evaluation.point",
+    "check_leakage": "reprorl.evaluation.leakage",
+    "LeakageReport": "reprorl.evaluation.leakage",
+    "Guard": "reprorl.evaluation.guards",
+    "GuardPoint": "reprorl.evaluation.guards",
+    "Judge": "reprorl.evaluation.judge",
+    "JudgeConfig": "reprorl.evaluation.judge",
+    "JudgeScore": "reprorl.evaluation.judge",
+    "read_scores": "reprorl.evaluation.judge",
+    "write_scores": "reprorl.evaluation.judge",
+    "Label": "reprorl.evaluation.labels",
+    "import_labels": "reprorl.evaluation.labels",
+    "read_labels": "reprorl.evaluation.labels",
+    "agreement": "reprorl.evaluation.labels",
 }
 
 

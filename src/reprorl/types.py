@@ -8,6 +8,7 @@ Nothing here imports torch: these records are what every layer above passes arou
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -257,6 +258,16 @@ class Reward(Record):
     total: float
     components: dict[str, float] = Field(default_factory=dict)
     verifier_version: str
+
+    @property
+    def success(self) -> bool:
+        """Whether the task was done: its outcome reaches 1 (shaping terms in the total do not count)."""
+        return outcome_success(self.total, self.components)
+
+
+def outcome_success(total: float, components: Mapping[str, float]) -> bool:
+    """Success from a reward: the `outcome` component where the verifier gives one, else the total."""
+    return components.get("outcome", total) >= 1.0
 
 
 class Trajectory(Record):

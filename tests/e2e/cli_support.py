@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from reprorl.cli.main import main
+from reprorl.policy import save_model, tiny_model
+from reprorl.store import Store
 
 
 class Cli:
@@ -32,3 +35,15 @@ class Cli:
         lines = err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: "), err
         return lines[0]
+
+
+def tiny_training_store(tmp_path: Path) -> Store:
+    """A store at `tmp_path/home` with the tiny model (`tiny`) and the calculator train and eval sets."""
+    model = tiny_model(0)
+    save_model(model.model, model.tokenizer, tmp_path / "tiny")
+    store = Store(tmp_path / "home")
+    store.add("tiny", tmp_path / "tiny", kind="model")
+    for name in ("calc-train", "calc-eval"):
+        with resources.as_file(resources.files("reprorl") / "examples" / f"{name}.jsonl") as path:
+            store.add(name, path, kind="taskset")
+    return store

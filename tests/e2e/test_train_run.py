@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from importlib import resources
+import json
 from pathlib import Path
 
+import pytest
 import torch
+from cli_support import tiny_training_store
 
 from reprorl.cli.main import main
-from reprorl.policy import load_base, save_model, tiny_model
+from reprorl.orchestrate.sample import load_taskset
+from reprorl.policy import load_base, tiny_model
 from reprorl.store import RunRecord, Store
 from reprorl.store.rollout_query import RolloutStore
+from reprorl.types import Split, TaskSet
 
 SPEC = """
 name = "tiny-train"
@@ -40,20 +44,10 @@ suites = ["calc-eval"]
 """
 
 
-def _store(tmp_path: Path) -> Store:
-    """A store at `tmp_path/home` with the tiny model and the calculator task sets registered."""
-    model = tiny_model(0)
-    save_model(model.model, model.tokenizer, tmp_path / "tiny")
-    store = Store(tmp_path / "home")
-    store.add("tiny", tmp_path / "tiny", kind="model")
-    for name in ("calc-train", "calc-eval"):
-        with resources.as_file(resources.files("reprorl") / "examples" / f"{name}.jsonl") as path:
-            store.add(name, path, kind="taskset")
-    return store
-
-
-def test_a_run_warm_starts_trains_and_records_everything(tmp_path: Path) -> None:
-    store = _store(tmp_path)
+def test_a_run_warm_starts_trains_and_records_everything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = tiny_training_store(tmp_path)
     (tmp_path / "spec.toml").write_text(SPEC)
     assert main(["--home", str(tmp_path / "home"), "run", str(tmp_path / "spec.toml")]) == 0
 
@@ -103,6 +97,35 @@ def test_a_run_warm_starts_trains_and_records_everything(tmp_path: Path) -> None
     assert rollouts.count("split = 'train'") == 12
     assert rollouts.count("split = 'eval'") == 64
     assert rollouts.count("step = 1 AND policy_version = " + repr(versions[1])) == 6
+    # The offline eval of the same weights and seed gives the in-loop numbers, to the last digit:
+    # the final weights (the last eval point) and a checkpoint's (step 0, after the warm start).
+    for args, point in (([], evals[1]), (["--step", "0"], evals[0])):
+        capsys.readouterr()
+        code = main(
+            [
+                "--home",
+                str(tmp_path / "home"),
+                "eval",
+                run_dir.name,
+                "--suite",
+                "calc-eval@v1",
+                "--json",
+                *args,
+            ]
+        )
+        assert code == 0
+        offline = json.loads(capsys.readouterr().out)
+        assert offline["policy_version"] == point["policy_version"]
+        figures = offline["suites"][0]["metrics"]
+        in_loop = {k.removeprefix("eval/calc-eval/"): v for k, v in point.items() if k.startswith("eval/")}
+        timing = {k for k in in_loop if "latency" in k}
+        assert len(in_loop) > 10 and set(figures) == set(in_loop)
+        assert {k: v for k, v in figures.items() if k not in timing} == {
+            k: v for k, v in in_loop.items() if k not in timing
+        }
+    (check,) = [e for e in record.events().records if e.get("event", "").startswith("leakage")]
+    assert check["event"] == "leakage_check" and check["ok"]
+    assert list(check["held_out_counts"].values()) == [32]
     saved = [e for e in record.events().records if e.get("event") == "adapter_saved"]
     assert len(saved) == 1 and saved[0]["artifact"] == "tiny-train-adapter@v1"
     assert (run_dir / "adapter" / "adapter_config.json").is_file()
@@ -115,7 +138,7 @@ def test_a_run_warm_starts_trains_and_records_everything(tmp_path: Path) -> None
 
 
 def test_full_fine_tuning_trains_every_weight_and_saves_a_loadable_model(tmp_path: Path) -> None:
-    store = _store(tmp_path)
+    store = tiny_training_store(tmp_path)
     spec = SPEC.replace(
         'adapter = { kind = "lora", rank = 4, alpha = 8.0, targets = ["q_proj", "v_proj"] }',
         'adapter = { kind = "full" }',
@@ -139,7 +162,7 @@ def test_full_fine_tuning_trains_every_weight_and_saves_a_loadable_model(tmp_pat
 
 
 def test_a_run_continues_from_a_registered_adapter(tmp_path: Path) -> None:
-    store = _store(tmp_path)
+    store = tiny_training_store(tmp_path)
     first = SPEC.replace("steps = 2\nsft_steps = 3", "steps = 1\nsft_steps = 2")
     (tmp_path / "first.toml").write_text(first)
     home = ["--home", str(tmp_path / "home")]
@@ -159,3 +182,35 @@ def test_a_run_continues_from_a_registered_adapter(tmp_path: Path) -> None:
 def _records(store: Store) -> list[dict[str, object]]:
     newest = store.registry.runs()[0].run_id
     return RunRecord(store, newest).metrics().records
+
+
+def test_a_leaked_eval_task_stops_the_run_before_anything_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A train task copied into the eval suite under a new id is caught before step 0; allowing
+    leakage in the spec runs anyway and records the report."""
+    store = tiny_training_store(tmp_path)
+    train, suite = load_taskset(store, "calc-train@v1"), load_taskset(store, "calc-eval@v1")
+    copied = train.tasks[5].model_copy(update={"id": "calc-eval-renamed", "split": Split.EVAL})
+    leaky = TaskSet(name="calc-leaky", tasks=(*suite.tasks, copied))
+    store.add_bytes("calc-leaky", leaky.to_jsonl(), kind="taskset")
+    spec = SPEC.replace('suites = ["calc-eval"]', 'suites = ["calc-leaky"]')
+    spec = spec.replace("steps = 2\nsft_steps = 3", "steps = 1\nsft_steps = 0")
+    (tmp_path / "spec.toml").write_text(spec)
+    home = ["--home", str(tmp_path / "home")]
+
+    assert main([*home, "run", str(tmp_path / "spec.toml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "evaluation.suites" in err and f"calc-eval-renamed = {train.tasks[5].id} (exact)" in err
+    runs = tmp_path / "home" / "runs"
+    assert not runs.exists() or not [p for p in runs.iterdir() if not p.name.startswith(".")]
+
+    (tmp_path / "spec.toml").write_text(spec + "allow_leakage = true\n")
+    assert main([*home, "run", str(tmp_path / "spec.toml")]) == 0
+    (run_dir,) = [p for p in runs.iterdir() if not p.name.startswith(".")]
+    (event,) = [
+        e for e in RunRecord(store, run_dir.name).events().records if e["event"].startswith("leakage")
+    ]
+    assert event["event"] == "leakage_allowed" and event["leak_count"] == 1
+    assert event["leaks"][0]["held_id"] == "calc-eval-renamed"

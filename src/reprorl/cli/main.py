@@ -10,8 +10,12 @@ import typer
 
 from reprorl.cli import (
     artifacts_cmd,
+    compare_cmd,
     demo_cmd,
+    eval_cmd,
+    regression_cmd,
     replay_cmd,
+    review_cmd,
     rollouts_cmd,
     run_cmd,
     runs_cmd,
@@ -38,8 +42,12 @@ app.add_typer(runs_cmd.app, name="runs")
 app.command("demo")(demo_cmd.demo)
 app.command("rollouts")(rollouts_cmd.rollouts)
 app.command("run")(run_cmd.run)
+app.command("eval")(eval_cmd.eval_)
+app.command("compare")(compare_cmd.compare)
+app.command("regression")(regression_cmd.regression)
 app.command("sample")(sample_cmd.sample)
 app.command("replay")(replay_cmd.replay)
+app.command("review")(review_cmd.review)
 app.command("serve-policy")(serve_policy_cmd.serve_policy)
 
 

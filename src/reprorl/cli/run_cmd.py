@@ -45,4 +45,9 @@ def run(
             raise UserInputError("give a run spec file, or --resume RUN", field="FILE")
         spec = resolve_spec(load_spec(file, overrides or [], pin_bare=store.pin_newest), store.pin)
         record = asyncio.run(train_run(store, spec, show_progress=True))
-    console.print(f"run {record.run_id} finished; see it with: reprorl runs show {record.run_id}")
+    status = record.status()
+    if status["status"] == "stopped":
+        console.print(f"run {record.run_id} stopped: {status.get('reason', 'a rollback rule fired')}")
+    else:
+        console.print(f"run {record.run_id} finished")
+    console.print(f"see it with: reprorl runs show {record.run_id}")

@@ -4,31 +4,26 @@ The suite's tasks run through the same rollout runner as training (same env vers
 records), as `eval` rollouts whose seeds do not depend on the step: every eval point of a run draws
 with the same seeds, so two points differ only by the weights they measured (a paired comparison).
 Success is averaged per task first, and the interval is a bootstrap over tasks, so repeated samples
-of one task are not counted as independent evidence.
+of one task are not counted as independent evidence. The point keeps the suite's tasks, so its
+figures (`reprorl.evaluation.metrics`) can be split by env family and compared with reference steps.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
-from reprorl.evaluation.stats import Estimate, mean_ci
+from reprorl.evaluation.metrics import INVALID as INVALID  # re-exported: the guards' tests use it
+from reprorl.evaluation.metrics import success as _success
+from reprorl.evaluation.metrics import suite_metrics, task_interval
+from reprorl.evaluation.stats import Estimate
 from reprorl.hashing import derive_seed
 from reprorl.rollout.runner import RolloutResult, RolloutRunner, plan_groups
-from reprorl.types import Task, Termination, ToolOutcome, Trajectory
+from reprorl.types import Task, Trajectory
 
 EVAL_KIND = "eval"
-# The model's own mistakes in calling tools (not the tools' or the infrastructure's failures).
-INVALID = frozenset(
-    {
-        ToolOutcome.PARSE_ERROR,
-        ToolOutcome.UNKNOWN_TOOL,
-        ToolOutcome.BAD_ARGUMENTS,
-        ToolOutcome.PERMISSION_DENIED,
-    }
-)
 
 
 @dataclass(frozen=True)
@@ -42,32 +37,33 @@ class EvalPoint:
     success: Estimate
     reward: Estimate
     per_task: dict[str, float]  # task id → mean success over its samples
+    # The suite's tasks by id (families, reference steps); a point built without them reports one family.
+    tasks: Mapping[str, Task] = field(default_factory=dict, repr=False)
+    seed: int = 0  # of the bootstrap intervals `metrics()` adds (partial credit, extra steps, families)
 
     @property
     def trajectories(self) -> list[Trajectory]:
         return self.result.trajectories
 
     def metrics(self) -> dict[str, float]:
-        """Flat figures for `metrics.jsonl`, keyed `eval/<suite>/<name>`."""
-        finals = self.trajectories
-        count = max(len(finals), 1)
-        values = {
-            "success": self.success.value,
-            "success_low": self.success.low,
-            "success_high": self.success.high,
-            "reward": self.reward.value,
-            "tasks": float(len(self.per_task)),
-            "rollouts": float(len(finals)),
-            "tool_calls_mean": sum(len(turn.tool_calls) for t in finals for turn in t.turns) / count,
-            "invalid_calls_mean": sum(o in INVALID for t in finals for o in t.tool_outcomes()) / count,
-            "infra_failures": float(sum(t.termination is Termination.INFRA_ERROR for t in finals)),
-            "completion_tokens_mean": sum(t.completion_tokens for t in finals) / count,
-        }
+        """Flat figures for `metrics.jsonl`, keyed `eval/<suite>/<name>` (and `eval/<suite>/<family>/<name>`).
+
+        What each name means is in `reprorl.evaluation.metrics`.
+        """
+        values = suite_metrics(
+            self.trajectories,
+            self.per_task,
+            self.tasks,
+            success_estimate=self.success,
+            reward=self.reward.value,
+            seed=self.seed,
+        )
         return {f"eval/{self.suite}/{k}": v for k, v in values.items()}
 
 
-def _success(t: Trajectory) -> float:
-    return 1.0 if t.reward is not None and t.reward.total >= 1.0 else 0.0
+def bootstrap_seed(run_seed: int, suite: str) -> int:
+    """The seed of a suite's bootstrap intervals: one per run and suite, so every point resamples alike."""
+    return derive_seed(run_seed, "eval-bootstrap", suite)
 
 
 async def evaluate(
@@ -102,13 +98,15 @@ async def evaluate(
         task: statistics.fmean(t.reward.total if t.reward else 0.0 for t in ts)
         for task, ts in sorted(by_task.items())
     }
-    seed = derive_seed(run_seed, "eval-bootstrap", suite)
+    seed = bootstrap_seed(run_seed, suite)
     return EvalPoint(
         suite=suite,
         step=step,
         policy_version=policy_version,
         result=result,
-        success=mean_ci(list(per_task.values()), seed=seed),
-        reward=mean_ci(list(rewards.values()), seed=seed),
+        success=task_interval(per_task, seed),
+        reward=task_interval(rewards, seed),
         per_task=per_task,
+        tasks={t.id: t for t in tasks},
+        seed=seed,
     )

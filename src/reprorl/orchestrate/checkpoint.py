@@ -27,6 +27,9 @@ from reprorl.store.atomic import fsync_dir, write_atomic
 from reprorl.store.rollouts import DISCARDED_EVENT, ROLLOUTS_DIR, find_parts
 
 CHECKPOINTS_DIR = "checkpoints"
+STEP_PREFIX = "step-"
+# The weights at an eval point every rollback rule passed: what a `revert` goes back to.
+GOOD_PREFIX = "good-step-"
 LOOP_FILE = "loop.json"
 SUMS_FILE = "checksums.json"
 
@@ -51,11 +54,21 @@ def checkpoints_root(record: RunRecord) -> Path:
     return record.path / CHECKPOINTS_DIR
 
 
-def save_checkpoint(record: RunRecord, state: LoopState, write_state: Any, *, keep: int = 2) -> Checkpoint:
-    """Stage `write_state(folder)` plus the loop state, seal it with checksums, and rename it in."""
+def save_checkpoint(
+    record: RunRecord,
+    state: LoopState,
+    write_state: Any,
+    *,
+    keep: int | None = 2,
+    prefix: str = STEP_PREFIX,
+) -> Checkpoint:
+    """Stage `write_state(folder)` plus the loop state, seal it with checksums, and rename it in.
+
+    The newest `keep` checkpoints of the same `prefix` are kept (all of them with None).
+    """
     root = checkpoints_root(record)
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step-{state.next_step:06d}"
+    final = root / f"{prefix}{state.next_step:06d}"
     staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
     try:
         write_state(staging)
@@ -75,9 +88,41 @@ def save_checkpoint(record: RunRecord, state: LoopState, write_state: Any, *, ke
         shutil.rmtree(staging, ignore_errors=True)
         raise
     record.event("checkpoint", step=state.next_step, path=final.relative_to(record.path).as_posix())
-    for old in sorted(root.glob("step-*"))[:-keep]:
+    for old in sorted(root.glob(f"{prefix}*"))[:-keep] if keep is not None else []:
         shutil.rmtree(old, ignore_errors=True)
+    prune_good(record)
     return Checkpoint(final, state)
+
+
+def _step_of(path: Path) -> int:
+    return int(path.name.rsplit("-", 1)[1])
+
+
+def prune_good(record: RunRecord) -> None:
+    """Drop good-weights checkpoints no resume or revert can need.
+
+    A resume rewinds to the newest step checkpoint and replays from there, so it may need the newest
+    good one at or before it and every later one; older ones are superseded.
+    """
+    root = checkpoints_root(record)
+    steps = [_step_of(p) for p in root.glob(f"{STEP_PREFIX}*")]
+    newest = max(steps, default=-1)
+    good = sorted(root.glob(f"{GOOD_PREFIX}*"), key=_step_of)
+    settled = [p for p in good if _step_of(p) <= newest]
+    for old in settled[:-1]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def good_checkpoint(record: RunRecord, step: int) -> Checkpoint | None:
+    """The newest intact good-weights checkpoint taken at or before `step`."""
+    root = checkpoints_root(record)
+    for path in sorted(root.glob(f"{GOOD_PREFIX}*"), key=_step_of, reverse=True):
+        if _step_of(path) <= step:
+            try:
+                return Checkpoint(path, verify_checkpoint(path))
+            except RecordError as exc:
+                record.event("checkpoint_damaged", path=path.name, error=str(exc))
+    return None
 
 
 def verify_checkpoint(path: Path) -> LoopState:
@@ -99,7 +144,7 @@ def verify_checkpoint(path: Path) -> LoopState:
 def latest_checkpoint(record: RunRecord) -> Checkpoint | None:
     """The newest checkpoint that verifies; a damaged newer one is logged and passed over."""
     root = checkpoints_root(record)
-    for path in sorted(root.glob("step-*"), reverse=True) if root.is_dir() else []:
+    for path in sorted(root.glob(f"{STEP_PREFIX}*"), reverse=True) if root.is_dir() else []:
         try:
             return Checkpoint(path, verify_checkpoint(path))
         except RecordError as exc:
@@ -140,7 +185,7 @@ def rewind(record: RunRecord, checkpoint: Checkpoint | None) -> int:
     root = checkpoints_root(record)
     for stale in root.glob(".tmp-*") if root.is_dir() else []:
         shutil.rmtree(stale, ignore_errors=True)
-    for later in root.glob("step-*") if root.is_dir() else []:
-        if checkpoint is None or later.name > checkpoint.path.name:
+    for later in [*root.glob(f"{STEP_PREFIX}*"), *root.glob(f"{GOOD_PREFIX}*")] if root.is_dir() else []:
+        if checkpoint is None or _step_of(later) > next_step:
             shutil.rmtree(later, ignore_errors=True)
     return next_step

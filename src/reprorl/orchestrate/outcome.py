@@ -11,10 +11,12 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
-from reprorl.evaluation.stats import Estimate, PairedDifference, mean_ci, paired_difference
+from reprorl.evaluation.metrics import task_interval
+from reprorl.evaluation.stats import Estimate, PairedDifference, paired_difference
 from reprorl.hashing import derive_seed
 from reprorl.store import RunRecord
 from reprorl.store.rollout_query import RolloutStore
+from reprorl.types import outcome_success
 
 
 @dataclass(frozen=True)
@@ -27,18 +29,21 @@ class SuiteOutcome:
     change: PairedDifference
 
 
-def _per_task(rows: list[dict[str, object]]) -> dict[str, float]:
+def per_task_success(rows: list[dict[str, object]]) -> dict[str, float]:
+    """Mean success per task id of stored rollout rows (task_id, reward_total, reward_components)."""
     by_task: dict[str, list[float]] = defaultdict(list)
     for row in rows:
-        reward = row["reward_total"]
-        by_task[str(row["task_id"])].append(1.0 if isinstance(reward, float) and reward >= 1.0 else 0.0)
+        total, components = row["reward_total"], row["reward_components"]
+        done = isinstance(total, float) and outcome_success(total, dict(components or []))  # type: ignore[call-overload]
+        by_task[str(row["task_id"])].append(1.0 if done else 0.0)
     return {task: statistics.fmean(values) for task, values in sorted(by_task.items())}
 
 
 def eval_outcomes(record: RunRecord, seed: int = 0) -> list[SuiteOutcome]:
     """Per eval suite: success before (first eval point) and after (last), with 95% intervals."""
     table = RolloutStore(record).query(
-        "split = 'eval' OR split = 'holdout'", columns=["group_id", "step", "task_id", "reward_total"]
+        "split = 'eval' OR split = 'holdout'",
+        columns=["group_id", "step", "task_id", "reward_total", "reward_components"],
     )
     rows: dict[tuple[str, int], list[dict[str, object]]] = defaultdict(list)
     for row in table.to_pylist():
@@ -48,15 +53,15 @@ def eval_outcomes(record: RunRecord, seed: int = 0) -> list[SuiteOutcome]:
     outcomes = []
     for suite in sorted({s for s, _ in rows}):
         steps = sorted(step for s, step in rows if s == suite)
-        first, last = _per_task(rows[(suite, steps[0])]), _per_task(rows[(suite, steps[-1])])
+        first, last = per_task_success(rows[(suite, steps[0])]), per_task_success(rows[(suite, steps[-1])])
         boot = derive_seed(seed, "outcome", suite)
         outcomes.append(
             SuiteOutcome(
                 suite=suite,
                 first_step=steps[0],
                 last_step=steps[-1],
-                before=mean_ci(list(first.values()), seed=boot),
-                after=mean_ci(list(last.values()), seed=boot),
+                before=task_interval(first, boot),
+                after=task_interval(last, boot),
                 change=paired_difference(last, first, seed=boot),
             )
         )

@@ -93,7 +93,7 @@ def step_metrics(result: RolloutResult) -> dict[str, float]:
     rewards = [t.reward.total if t.reward else 0.0 for t in finals]
     return {
         "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
-        "success": statistics.fmean(r >= 1.0 for r in rewards) if rewards else 0.0,
+        "success": statistics.fmean(bool(t.reward and t.reward.success) for t in finals) if finals else 0.0,
         "rollouts": float(len(finals)),
         "infra_retries": float(len(result.retried)),
         "infra_failures": float(sum(t.termination is Termination.INFRA_ERROR for t in finals)),

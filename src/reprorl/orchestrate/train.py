@@ -26,9 +26,18 @@ from reprorl.config.spec import LoraAdapter
 from reprorl.errors import UserInputError
 from reprorl.evaluation.point import EvalPoint, evaluate
 from reprorl.hashing import derive_seed
-from reprorl.orchestrate.checkpoint import LoopState, latest_checkpoint, rewind, save_checkpoint
+from reprorl.orchestrate.checkpoint import (
+    GOOD_PREFIX,
+    LoopState,
+    good_checkpoint,
+    latest_checkpoint,
+    rewind,
+    save_checkpoint,
+)
+from reprorl.orchestrate.guarding import LoopGuard
 from reprorl.orchestrate.launch import create_run
 from reprorl.orchestrate.policies import OpenedPolicy
+from reprorl.orchestrate.preflight import check_run_leakage, record_leakage
 from reprorl.orchestrate.sample import load_taskset, progress_bar, runner_for, step_metrics, step_tasks
 from reprorl.orchestrate.steps import group_data, health, learning_rate, make_loss, prepare
 from reprorl.orchestrate.warm_start import sft_warm_start
@@ -55,15 +64,16 @@ class Suite:
     tasks: tuple[Task, ...]
 
 
+def suite_of(store: Store, ref: str) -> Suite:
+    """A stored task set as an eval suite: its eval and holdout tasks, named by its version's name."""
+    resolved = store.resolve(ref)
+    taskset = load_taskset(store, ref)
+    tasks = taskset.split(Split.EVAL) + taskset.split(Split.HOLDOUT)
+    return Suite(resolved.version.name if resolved.version else ref, ref, tasks)
+
+
 def eval_suites(store: Store, spec: RunSpec) -> list[Suite]:
-    suites = []
-    for ref in spec.evaluation.suites:
-        resolved = store.resolve(str(ref))
-        taskset = load_taskset(store, str(ref))
-        tasks = taskset.split(Split.EVAL) + taskset.split(Split.HOLDOUT)
-        name = resolved.version.name if resolved.version else str(ref)
-        suites.append(Suite(name, str(ref), tasks))
-    return suites
+    return [suite_of(store, str(ref)) for ref in spec.evaluation.suites]
 
 
 def build_trainer(store: Store, loaded: LoadedModel, spec: RunSpec) -> LocalTrainer:
@@ -129,12 +139,16 @@ class TrainLoop:
         self.writer = RolloutWriter(record)
         self.loss = make_loss(self.learning)
         renderer = ChatRenderer(loaded.tokenizer)
-        self.snapshot = SamplingSnapshot(trainer)
+        self.snapshot = SamplingSnapshot(trainer, getattr(torch, spec.model.sampling_dtype))
         self.sampler = LocalSampler(
             self.snapshot.model, loaded.tokenizer, model_hash=loaded.base_hash, policy_version=""
         )
         provenance = Provenance(loaded.base_hash, None, renderer.template_hash, self.sampler.info())
         self.opened = OpenedPolicy(loaded, self.sampler, renderer, provenance)
+        self.guard = (
+            LoopGuard(spec, {s.name: s.tasks for s in self.suites}) if spec.evaluation.rollback else None
+        )
+        self.stopped: str | None = None  # why a rollback rule ended the run early
 
     def save(self, next_step: int) -> None:
         size = (self.record.path / "metrics.jsonl").stat().st_size
@@ -142,12 +156,50 @@ class TrainLoop:
             next_step=next_step, metrics_bytes=size, policy_version=weights_version(self.trainer)
         )
 
-        def write(folder: Path) -> None:
-            self.trainer.save_state(folder)
-            if self.ewma is not None:
-                torch.save(self.ewma.state_dict(), folder / EWMA_FILE)
+        save_checkpoint(self.record, state, self._write_state, keep=self.learning.keep_checkpoints)
 
-        save_checkpoint(self.record, state, write, keep=self.learning.keep_checkpoints)
+    def _write_state(self, folder: Path) -> None:
+        self.trainer.save_state(folder)
+        if self.ewma is not None:
+            torch.save(self.ewma.state_dict(), folder / EWMA_FILE)
+        if self.guard is not None:
+            self.guard.save(folder)
+
+    def load(self, folder: Path, *, guard: bool = True) -> None:
+        """Take the trained weights, optimizer, RNG (and EWMA, guard) state of a checkpoint folder."""
+        self.trainer.load_state(folder)
+        if self.ewma is not None:
+            self.ewma.load_state_dict(torch.load(folder / EWMA_FILE, weights_only=True))
+        if guard and self.guard is not None:
+            self.guard.load(folder)
+
+    def guard_points(self, step: int, points: list[EvalPoint]) -> bool:
+        """Check the rollback rules at this eval point and act; False when the run must end."""
+        assert self.guard is not None
+        verdict = self.guard.check(self.record, step, points)
+        if verdict.passed:
+            state = LoopState(next_step=step, metrics_bytes=0, policy_version=weights_version(self.trainer))
+            save_checkpoint(self.record, state, self._write_state, keep=None, prefix=GOOD_PREFIX)
+            return True
+        rules = [f.when for f in verdict.fired]
+        good = good_checkpoint(self.record, step) if verdict.action == "revert" else None
+        if good is None:
+            self.stopped = f"rollback rule {', '.join(rules)} fired at step {step}"
+            self.record.event("stopped_by_rule", step=step, rules=rules, action=verdict.action)
+            return False
+        # Only the weights go back: the guard keeps its history (the failed check is part of what it
+        # judges by) and the cost already spent.
+        self.load(good.path, guard=False)
+        self.snapshot.refresh()
+        self.sampler.policy_version = weights_version(self.trainer)
+        self.record.event(
+            "reverted",
+            step=step,
+            to_step=good.state.next_step,
+            rules=rules,
+            policy_version=good.state.policy_version,
+        )
+        return True
 
     async def warm_start(self) -> None:
         learning, started = self.learning, time.perf_counter()
@@ -231,6 +283,8 @@ class TrainLoop:
             "train_cpu_s": time.process_time() - c1,
         }
         self.record.log_metrics(step, metrics, policy_version=self.sampler.policy_version)
+        if self.guard is not None:
+            self.guard.after_step(step, result, metrics["reward_mean"])
 
     async def run(self, start: int, *, show_progress: bool = False) -> list[EvalPoint]:
         """Steps `start` .. the last, with eval points and checkpoints; returns the eval points run."""
@@ -242,7 +296,10 @@ class TrainLoop:
                     self.snapshot.refresh()
                     self.sampler.policy_version = weights_version(self.trainer)
                     if self.eval_due(step):
-                        points.extend(await self.evaluate(runner, step))
+                        new = await self.evaluate(runner, step)
+                        points.extend(new)
+                        if self.guard is not None and not self.guard_points(step, new):
+                            break
                     if step == learning.steps:
                         break
                     await self.step(runner, step)
@@ -256,8 +313,11 @@ async def train_run(
     store: Store, spec: RunSpec, *, resume: RunRecord | None = None, show_progress: bool = False
 ) -> RunRecord:
     """Run `spec` end to end on this machine, or continue `resume` (a run of it) from its checkpoint."""
+    leakage = check_run_leakage(store, spec) if resume is None else None
     loaded = load_base(str(spec.model.base), store=store)
     record = resume if resume is not None else create_run(spec, store)
+    if leakage is not None:
+        record_leakage(record, leakage)
     record.set_status("running")
     try:
         trainer = build_trainer(store, loaded, spec)
@@ -273,9 +333,7 @@ async def train_run(
             start = rewind(record, checkpoint)
             record.event("resumed", from_step=start, checkpoint=checkpoint.path.name if checkpoint else None)
         if checkpoint is not None:
-            trainer.load_state(checkpoint.path)
-            if ewma is not None:
-                ewma.load_state_dict(torch.load(checkpoint.path / EWMA_FILE, weights_only=True))
+            loop.load(checkpoint.path)
         elif spec.learning.sft_steps:
             await loop.warm_start()
             # RL starts with fresh moments: SFT's squared gradients would shrink RL's steps for
@@ -285,11 +343,15 @@ async def train_run(
                 ewma = loop.ewma = EWMAWeights(trainer.params, spec.learning.ewma_decay)
             loop.save(0)
         await loop.run(start, show_progress=show_progress)
-        finish(store, spec, record, trainer)
+        if loop.stopped is None:
+            finish(store, spec, record, trainer)
     except BaseException as exc:
         record.set_status("failed", error=f"{type(exc).__name__}: {exc}"[:500])
         raise
-    record.set_status("succeeded")
+    if loop.stopped is not None:
+        record.set_status("stopped", reason=loop.stopped)
+    else:
+        record.set_status("succeeded")
     return record
 
 

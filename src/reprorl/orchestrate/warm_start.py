@@ -70,5 +70,5 @@ async def sft_warm_start(
         if on_step is not None:
             on_step(step, losses[-1])
     digest = trainer.save_adapter(out_dir)
-    success = sum(1.0 for d in demos if d.reward and d.reward.total >= 1.0) / max(len(demos), 1)
+    success = sum(1.0 for d in demos if d.reward and d.reward.success) / max(len(demos), 1)
     return WarmStart(trainer, out_dir, digest, success, losses)

@@ -36,7 +36,9 @@ from reprorl.types import SamplingParams
 FinishReason = Literal["stop", "length", "tool_call"]
 # Bumped whenever the same requests could give other bits (draw method, kernels, packing); a
 # replay compares it with the recorded one before comparing tokens.
-SAMPLER_VERSION = 2
+SAMPLER_VERSION = 3
+# A prefix shorter than this is recomputed per row: a separate pass would cost more than it saves.
+MIN_SHARED_PREFIX = 16
 
 
 @dataclass(frozen=True)
@@ -186,20 +188,14 @@ class LocalSampler:
             max(1, min(r.request.params.max_tokens, self.max_positions - n))
             for r, n in zip(rows, lengths, strict=True)
         ]
-        width, steps = max(lengths), max(budget)
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width + steps), dtype=torch.bool)
-        for i, row in enumerate(rows):
-            ids[i, width - lengths[i] :] = torch.tensor(row.request.prompt_ids)
-            mask[i, width - lengths[i] : width] = True
+        steps = max(budget)
         # A row's uniforms depend on its own seed and budget only, never on the rest of the batch.
         uniforms = torch.zeros((len(rows), steps), dtype=torch.float64)
         for i, row in enumerate(rows):
             uniforms[i, : budget[i]] = torch.rand(budget[i], generator=row.generator, dtype=torch.float64)
         params = [r.request.params for r in rows]
-        positions = (mask[:, :width].long().cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
-        logits = self._forward(ids, mask[:, :width], positions, cache)
+        logits, mask, width = self._prefill([r.request.prompt_ids for r in rows], steps, cache)
         stepper = self._fast_steps(cache, mask, width) or _HFSteps(self, cache, mask, width)
         slots = list(range(len(rows)))  # slot -> row; a finished row keeps its slot until compaction
         scratch = torch.empty_like(logits)
@@ -220,6 +216,45 @@ class LocalSampler:
                 stepper.select(torch.tensor(live))
                 slots, tokens = [slots[s] for s in live], tokens[live]
             logits = stepper.step(tokens)
+
+    def _prefill(
+        self, prompts: list[tuple[int, ...]], steps: int, cache: DynamicCache
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Fill `cache` with the prompts; the last logits, the padding mask (room for `steps`), the width.
+
+        Prompts of one batch share a long prefix (system prompt, tool schemas) and the members of a
+        group share all of theirs on the first turn: the shared prefix is computed once, each distinct
+        remainder once (left-padded after the prefix: the mask has a hole, positions skip it), and
+        the cache and logits are copied out to the rows that repeat them. Which rows share what is a
+        function of the batch alone, so re-running a batch gives the same bits.
+        """
+        lengths = [len(p) for p in prompts]
+        shared = _shared_prefix(prompts) if len(prompts) > 1 else 0
+        shared = min(shared, min(lengths) - 1)  # every row keeps a token of its own to predict from
+        if shared < MIN_SHARED_PREFIX:
+            shared = 0
+        distinct: dict[tuple[int, ...], int] = {}
+        of_row = [distinct.setdefault(p[shared:], len(distinct)) for p in prompts]
+        tails = list(distinct)
+        rest = max(len(t) for t in tails)
+        width = shared + rest
+        ids = torch.full((len(tails), rest), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(tails), width + steps), dtype=torch.bool)
+        mask[:, :shared] = True
+        for i, tail in enumerate(tails):
+            ids[i, rest - len(tail) :] = torch.tensor(tail)
+            mask[i, width - len(tail) : width] = True
+        if shared:
+            head = torch.tensor(prompts[0][:shared])[None]
+            self._forward(head, mask[:1, :shared], torch.arange(shared)[None], cache)
+            cache.batch_repeat_interleave(len(tails))
+        positions = (mask[:, :width].long().cumsum(-1) - 1).clamp(min=0)[:, shared:]
+        logits = self._forward(ids, mask[:, :width], positions, cache)
+        if len(tails) < len(prompts):
+            index = torch.tensor(of_row)
+            cache.batch_select_indices(index)
+            logits, mask = logits[index], mask[index]
+        return logits, mask, width
 
     def _forward(
         self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: DynamicCache
@@ -262,6 +297,14 @@ class LocalSampler:
                 row.finish = "tool_call"
         if row.finish is None and len(row.tokens) >= budget:
             row.finish = "length"
+
+
+def _shared_prefix(prompts: Sequence[Sequence[int]]) -> int:
+    """Length of the longest prefix every prompt starts with."""
+    first, n = prompts[0], min(len(p) for p in prompts)
+    for p in prompts[1:]:
+        n = next((i for i in range(n) if p[i] != first[i]), n)
+    return n
 
 
 def _choose(

@@ -54,7 +54,8 @@ def _now() -> str:
     return datetime.now(UTC).isoformat()
 
 
-def _line(record: dict[str, Any]) -> bytes:
+def checksummed_line(record: dict[str, Any]) -> bytes:
+    """One record as a run-log line: the record and the checksum `read_log` verifies."""
     body = canonical_json(record, allow_nan=True)
     return (
         json.dumps({"sha": sha256_hex(body.encode())[:16], "rec": record}, sort_keys=True) + "\n"
@@ -203,10 +204,14 @@ class RunRecord:
     # -- appending -----------------------------------------------------------------------------
 
     def log_metrics(self, step: int, values: dict[str, float], **extra: Any) -> None:
-        append_durable(self.path / "metrics.jsonl", _line({"step": step, "time": _now(), **extra, **values}))
+        append_durable(
+            self.path / "metrics.jsonl", checksummed_line({"step": step, "time": _now(), **extra, **values})
+        )
 
     def event(self, kind: str, **fields: Any) -> None:
-        append_durable(self.path / "events.jsonl", _line({"event": kind, "time": _now(), **fields}))
+        append_durable(
+            self.path / "events.jsonl", checksummed_line({"event": kind, "time": _now(), **fields})
+        )
 
     def set_status(self, status: RunStatus, **details: Any) -> None:
         if status not in ("created", "running", *FINAL_STATUSES):

@@ -25,6 +25,15 @@ from reprorl.config.spec import LoraAdapter
 from reprorl.policy import LoadedModel, apply_lora_spec, save_adapter, save_model, tensors_hash, tree_hash
 from reprorl.trainer.data import Datum, collate
 
+# Rows sharing a shorter prefix than this are run whole: a separate pass would cost more than it saves.
+MIN_SHARED_PREFIX = 16
+
+
+def _shared_prefix(ids: torch.Tensor) -> int:
+    """Length of the prefix every row of `ids` starts with."""
+    differs = (ids != ids[:1]).any(dim=0)
+    return int(differs.long().argmax()) if bool(differs.any()) else ids.shape[1]
+
 
 class AdamParams(BaseModel):
     """One optimizer step's settings; the learning rate may change every step (a schedule)."""
@@ -58,7 +67,7 @@ class LocalTrainer:
         tokenizer: PreTrainedTokenizerBase,
         *,
         base_hash: str,
-        micro_batch: int = 4,
+        micro_batch: int = 8,
         temperature: float = 1.0,
         autocast_bf16: bool = False,
     ) -> None:
@@ -144,9 +153,28 @@ class LocalTrainer:
         collated = collate(chunk, self.pad_id)
         model = self.model.get_base_model() if isinstance(self.model, PeftModel) else self.model
         keep = collated.batch.mask > 0 if learned_only else collated.attention_mask[:, 1:] > 0
+        # The rows' common prefix (system prompt, tool schemas, a group's task) is run once and its
+        # keys and values are shared; gradients from every row flow back into it. Only a prefix
+        # that predicts no kept token can be shared: its logits are not computed.
+        ids, shared = collated.input_ids, 0
+        if len(chunk) > 1:
+            first_kept = int(keep.any(dim=0).long().argmax()) if bool(keep.any()) else keep.shape[1]
+            shared = min(_shared_prefix(ids), first_kept)
+            shared = shared if shared >= MIN_SHARED_PREFIX else 0
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast_bf16):
-            hidden = model.model(input_ids=collated.input_ids, attention_mask=collated.attention_mask)
-            logits = model.lm_head(hidden.last_hidden_state[:, :-1][keep])
+            cache = None
+            if shared:
+                cache = model.model(input_ids=ids[:1, :shared], use_cache=True).cache
+                cache.batch_repeat_interleave(len(chunk))
+            width = ids.shape[1]
+            hidden = model.model(
+                input_ids=ids[:, shared:],
+                attention_mask=collated.attention_mask,
+                position_ids=torch.arange(shared, width)[None].expand(len(chunk), -1),
+                cache=cache,
+                use_cache=cache is not None,
+            ).last_hidden_state
+            logits = model.lm_head(hidden[:, :-1][keep[:, shared:]])
         rows = torch.log_softmax(logits.float() / self.temperature, dim=-1)
         total = 0.0
         if entropy:

@@ -3,8 +3,10 @@
 The rollout side samples from a model without adapter layers, so every sampled token costs what it
 costs on the base (the fused decode path applies), and the weights it reads are exactly
 `W + (alpha/r)·B·A` of the adapter being trained — the same arithmetic as peft's merge, which is how an
-adapter saved at that step is served or replayed. `refresh()` after each optimizer step rewrites
-the merged weights in place; for full fine-tuning the trained model is its own snapshot.
+adapter saved at that step is served or replayed, rounded to the sampling dtype when that is
+narrower (the trainer's importance weights correct what the rounding changes). `refresh()` after
+each optimizer step rewrites the merged weights in place; for full fine-tuning in the trainer's
+own dtype the trained model is its own snapshot.
 """
 
 from __future__ import annotations
@@ -24,14 +26,18 @@ PEFT_PREFIX = "base_model.model."
 class SamplingSnapshot:
     """What the sampler reads: the trained weights as one plain model, refreshed between steps."""
 
-    def __init__(self, trainer: LocalTrainer) -> None:
+    def __init__(self, trainer: LocalTrainer, dtype: torch.dtype | None = None) -> None:
         self.trainer = trainer
         model = trainer.model
-        if isinstance(model, PeftModel):
-            merged = copy.deepcopy(model).merge_and_unload()
-            merged.requires_grad_(False)
-            merged.train(False)
-            self.model: Any = merged
+        trained_dtype = next(model.parameters()).dtype
+        self.copied = isinstance(model, PeftModel) or (dtype is not None and dtype != trained_dtype)
+        if self.copied:
+            plain: Any = copy.deepcopy(model)
+            if isinstance(plain, PeftModel):
+                plain = plain.merge_and_unload()
+            plain.requires_grad_(False)
+            plain.train(False)
+            self.model: Any = plain.to(dtype) if dtype is not None else plain
         else:
             self.model = model
         self.refresh()
@@ -40,7 +46,11 @@ class SamplingSnapshot:
     def refresh(self) -> None:
         """Write the trainer's current weights into the snapshot (in place: the sampler repacks them)."""
         model = self.trainer.model
+        if not self.copied:
+            return
         if not isinstance(model, PeftModel):
+            for mine, trained in zip(self.model.parameters(), model.parameters(), strict=True):
+                mine.copy_(trained)
             return
         for name, module in model.named_modules():
             if not isinstance(module, LoraLayer):

@@ -165,3 +165,59 @@ def test_a_wrapped_model_takes_the_generic_path_with_the_same_numbers(model: Loa
     for x, y in zip(a, reference, strict=True):
         assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-4)
     assert wrapped.info()["version"] == fast.info()["version"]
+
+
+def _system_prompts(model: LoadedModel) -> list[tuple[int, ...]]:
+    """Six rows as a training step sends them: one long system prompt, three tasks, two members each."""
+    system = "You are a careful assistant. Use the tools. " * 6
+    prompts = []
+    for task in ["What is 2+2?", "Count the files in /data.", "Hi"]:
+        ids = model.tokenizer.apply_chat_template(
+            [{"role": "system", "content": system}, {"role": "user", "content": task}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        prompts += [tuple(int(i) for i in ids)] * 2
+    return prompts
+
+
+def test_a_shared_prefix_and_repeated_prompts_are_computed_once(
+    model: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The prefill runs the common prefix once and each distinct remainder once; every row still
+    gets its own policy's tokens and logprobs, and re-running the batch gives the same bits."""
+    import reprorl.policy.sampling as sampling
+
+    prompts = _system_prompts(model)
+    params = SamplingParams(temperature=1.0, max_tokens=12)
+    requests = [SampleRequest(f"r{i}", p, params, 50 + i) for i, p in enumerate(prompts)]
+    sampler = LocalSampler.from_loaded(model)
+    shapes: list[tuple[int, int]] = []
+    forward = sampler._forward
+
+    def spy(ids: torch.Tensor, *args: object) -> torch.Tensor:
+        shapes.append((ids.shape[0], ids.shape[1]))
+        return forward(ids, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sampler, "_forward", spy)
+    shared = sampler.sample(requests)
+    prefix = sampling._shared_prefix(prompts)
+    assert prefix >= sampling.MIN_SHARED_PREFIX
+    assert shapes[0] == (1, prefix)  # the system prompt, once
+    assert shapes[1] == (3, max(len(p) for p in prompts) - prefix)  # each task once, not per member
+    assert [s.token_ids for s in sampler.sample(requests)] == [s.token_ids for s in shared]
+    assert len({s.token_ids for s in shared}) == 6  # members of one prompt still draw their own tokens
+
+    monkeypatch.setattr(sampling, "MIN_SHARED_PREFIX", 1 << 30)
+    shapes.clear()
+    unshared = sampler.sample(requests)
+    assert shapes[0] == (3, max(len(p) for p in prompts))  # the control: no prefix pass
+    for a, b, prompt in zip(shared, unshared, prompts, strict=True):
+        assert a.token_ids == b.token_ids
+        ids = torch.tensor([list(prompt) + list(a.token_ids)])
+        with torch.no_grad():
+            logits = model.model(input_ids=ids).logits[0].float()
+        logp = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+        expected = logp.gather(1, torch.tensor(a.token_ids)[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(a.logprobs), expected, atol=1e-4, rtol=0)

@@ -107,3 +107,45 @@ def test_an_all_masked_batch_is_refused(model: LoadedModel) -> None:
     trainer = LocalTrainer(model.model, model.tokenizer, base_hash=model.base_hash)
     with pytest.raises(ValueError, match="no tokens to learn from"):
         trainer.forward_backward([Datum((1, 2, 3), (0, 0, 0), (0, 0, 0))], CrossEntropy())
+
+
+def test_a_shared_prompt_is_run_once_with_the_same_logprobs_and_gradients(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rows with a common prompt run it once (its keys and values shared, gradients flowing back
+    into it from every row) and get the logprobs and gradients of running each row whole."""
+    import reprorl.trainer.local as local
+    from reprorl.config.spec import LoraAdapter
+
+    base = tiny_model(0)
+    system = list(base.tokenizer.encode("<|im_start|>system\n" + "Use the tools with care. " * 8))
+    data = [
+        Datum(
+            tuple(system) + d.input_ids, (0.0,) * len(system) + d.mask, (0.0,) * (len(system) + len(d.mask))
+        )
+        for d in _data(base)
+    ]
+    adapter = LoraAdapter(rank=4, alpha=8.0, targets=("q_proj", "k_proj", "v_proj", "down_proj"))
+    results = []
+    for minimum in (local.MIN_SHARED_PREFIX, 1 << 30):
+        monkeypatch.setattr(local, "MIN_SHARED_PREFIX", minimum)
+        trainer = LocalTrainer.lora(tiny_model(0), adapter, seed=1, micro_batch=3)
+        trainer.forward_backward(data, CrossEntropy())
+        trainer.optim_step(AdamParams(lr=1e-2))  # B is no longer zero: the adapter shapes the prefix
+        widths: list[int] = []
+        inner = trainer.model.get_base_model().model
+        hook = inner.register_forward_pre_hook(
+            lambda _m, _a, kw, seen=widths: seen.append(kw["input_ids"].shape[1]), with_kwargs=True
+        )
+        trainer.forward_backward(data, CrossEntropy())
+        hook.remove()
+        grads = torch.cat([p.grad.flatten() for p in trainer.params if p.grad is not None])
+        results.append((widths, trainer.token_logprobs(data, learned_only=True), grads))
+    (shared_widths, shared_lp, shared_grads), (whole_widths, whole_lp, whole_grads) = results
+    longest = max(len(d.input_ids) for d in data)
+    assert whole_widths == [longest]
+    assert shared_widths[0] >= len(system) and sum(shared_widths) == longest  # the prompt once
+    for a, b in zip(shared_lp, whole_lp, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    assert shared_grads.abs().max() > 0
+    torch.testing.assert_close(shared_grads, whole_grads, atol=1e-5, rtol=1e-4)

@@ -51,3 +51,29 @@ def test_the_snapshot_follows_the_trained_adapter(tmp_path: Path) -> None:
     ours = snapshot.model.state_dict()
     for name, tensor in merged.state_dict().items():
         assert torch.equal(ours[name], tensor), name
+
+
+def test_a_bfloat16_snapshot_is_the_merge_rounded() -> None:
+    trainer = _trainer()
+    _step(trainer)
+    snapshot = SamplingSnapshot(trainer, torch.bfloat16)
+    _step(trainer)
+    snapshot.refresh()
+    exact = SamplingSnapshot(trainer)
+    assert {p.dtype for p in snapshot.model.parameters()} == {torch.bfloat16}
+    assert next(trainer.model.parameters()).dtype == torch.float32  # the trainer keeps its own
+    ours, merged = snapshot.model.state_dict(), exact.model.state_dict()
+    for name, tensor in merged.items():
+        assert torch.equal(ours[name], tensor.to(torch.bfloat16)), name
+
+
+def test_full_fine_tuning_samples_from_a_rounded_copy_that_follows() -> None:
+    trainer = LocalTrainer.full(tiny_model(0))
+    snapshot = SamplingSnapshot(trainer, torch.bfloat16)
+    assert snapshot.model is not trainer.model
+    _step(trainer)
+    assert not torch.equal(snapshot.model.lm_head.weight, trainer.model.lm_head.weight.to(torch.bfloat16))
+    snapshot.refresh()
+    for mine, trained in zip(snapshot.model.parameters(), trainer.model.parameters(), strict=True):
+        assert torch.equal(mine, trained.detach().to(torch.bfloat16))
+    assert SamplingSnapshot(trainer).model is trainer.model  # same dtype: no copy

@@ -112,7 +112,9 @@ def test_a_required_task_that_declines_reverts_the_run_though_the_average_rose(
     assert json.loads(capsys.readouterr().out)["policy_version"] == at_two
 
 
-def test_an_unsafe_action_stops_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unsafe_action_stops_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     def edit(step: int, point: EvalPoint) -> EvalPoint:
         if step != 2:
             return point
@@ -128,6 +130,24 @@ def test_an_unsafe_action_stops_the_run(tmp_path: Path, monkeypatch: pytest.Monk
     steps = [m["step"] for m in record.metrics().records if m.get("stage") is None]
     assert steps == [0, 1]  # nothing trained after the unsafe point
     assert not _events(record, "adapter_saved")
+
+    # With no warm start, step 0 measured the base itself (a zero LoRA update merges to the same
+    # bits): the base model evaluated offline with the run's spec gives the same figures.
+    monkeypatch.undo()
+    home = ["--home", str(tmp_path / "home")]
+    suite = ["--suite", "calc-eval@v1", "--json"]
+    capsys.readouterr()
+    assert main([*home, "eval", "tiny@v1", *suite]) == 2
+    assert "--spec" in capsys.readouterr().err
+    assert main([*home, "eval", "tiny@v1", "--spec", str(tmp_path / "spec.toml"), *suite]) == 0
+    offline = json.loads(capsys.readouterr().out)
+    assert offline["policy_version"].startswith("base:sha256:")
+    first = next(m for m in record.metrics().records if m.get("stage") == "eval")
+    in_loop = {k.removeprefix("eval/calc-eval/"): v for k, v in first.items() if k.startswith("eval/")}
+    figures = offline["suites"][0]["metrics"]
+    assert {k: v for k, v in figures.items() if "latency" not in k} == {
+        k: v for k, v in in_loop.items() if "latency" not in k
+    }
 
 
 def test_a_cost_cap_stops_the_run(tmp_path: Path) -> None:

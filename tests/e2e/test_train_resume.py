@@ -95,7 +95,12 @@ def _outcome(home: Path) -> dict[str, Any]:
     record = RunRecord(store, run_id)
     assert record.status()["status"] == "succeeded"
     metrics = [
-        {k: v for k, v in m.items() if not any(k == s or k.endswith(s) for s in VOLATILE)}
+        {
+            k: v
+            for k, v in m.items()
+            # Eval latencies are wall-clock seconds too.
+            if not any(k == s or k.endswith(s) for s in VOLATILE) and "/latency_" not in k
+        }
         for m in record.metrics().records
     ]
     rollouts = sorted(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -10,6 +11,7 @@ from rich.table import Table
 
 from reprorl.cli.context import options
 from reprorl.cli.output import console, print_json
+from reprorl.config import load_spec, resolve_spec
 from reprorl.store import find_run
 
 # The figures the table shows per suite; --json has every one.
@@ -26,7 +28,9 @@ SHOWN = (
 def eval_(
     ctx: typer.Context,
     target: str = typer.Argument(
-        ..., help="A run id (or unique prefix), or a trained adapter, e.g. calc-demo-adapter@v1."
+        ...,
+        help="A run id (or unique prefix), a trained adapter (calc-demo-adapter@v1), or a base model "
+        "(with --spec).",
     ),
     suites: list[str] = typer.Option(..., "--suite", help="A frozen suite NAME@VERSION; repeat for more."),
     step: int | None = typer.Option(
@@ -38,16 +42,27 @@ def eval_(
     samples: int | None = typer.Option(
         None, "--samples", min=1, help="Samples per task (default: the run's)."
     ),
+    spec_file: Path | None = typer.Option(
+        None,
+        "--spec",
+        dir_okay=False,
+        help="Run spec whose sampling, env settings and seed a base model uses.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON: every figure of every suite."),
 ) -> None:
     """Evaluate weights on frozen suites through the training loop's own eval path (same numbers)."""
     from reprorl.orchestrate.offline_eval import evaluate_target
 
     store = options(ctx).store()
-    if "@" not in target:
+    settings = (
+        resolve_spec(load_spec(spec_file, [], pin_bare=store.pin_newest), store.pin) if spec_file else None
+    )
+    if "@" not in target and not target.startswith("sha256:"):
         target = find_run(store, target).run_id
     result = asyncio.run(
-        evaluate_target(store, target, suites, step=step, seed=seed, samples_per_task=samples)
+        evaluate_target(
+            store, target, suites, step=step, seed=seed, samples_per_task=samples, settings=settings
+        )
     )
     report: dict[str, Any] = {
         "target": result.target,

@@ -18,7 +18,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from reprorl.evaluation.stats import Estimate, clustered_mean_ci, mean_ci, proportion_ci
+from reprorl.evaluation.stats import (
+    Estimate,
+    clustered_mean_ci,
+    mean_ci,
+    mean_pass_at_k,
+    mean_pass_hat_k,
+    proportion_ci,
+)
 from reprorl.hashing import derive_seed
 from reprorl.rollout.stats import HUMAN_TOOL
 from reprorl.types import Task, Termination, ToolOutcome, Trajectory
@@ -110,13 +117,14 @@ def group_metrics(
 ) -> dict[str, float]:
     """Every figure of one group of rollouts (a suite, or one family of it), keyed by short name.
 
-    Per task, with `_low` / `_high` bootstrap bounds: `success`, `partial_credit` (the `outcome`
-    component), `extra_steps` (`tool_steps` minus `reference_steps`, only over tasks with one; absent
-    when none has). Per episode: `tool_calls_mean`, `invalid_calls_mean`, `completion_tokens_mean`,
-    `prompt_tokens_mean`, `human_takeovers_mean`, `human_takeover_share` (episodes with at least
-    one), `latency_mean` / `_p50` / `_p95` (wall seconds). Totals: `rollouts`, `tasks`,
-    `infra_failures`, `unsafe_actions` (episodes ending in UNSAFE_ACTION), `cost_usd`. Per tool call:
-    `tool_failure_rate_<class>` for every outcome class but ok. `reward`: mean total reward over tasks.
+        Per task, with `_low` / `_high` bootstrap bounds: `success`, `partial_credit` (the `outcome`
+        component), `extra_steps` (`tool_steps` minus `reference_steps`, only over tasks with one; absent
+        when none has). Per episode: `tool_calls_mean`, `invalid_calls_mean`, `completion_tokens_mean`,
+        `prompt_tokens_mean`, `human_takeovers_mean`, `human_takeover_share` (episodes with at least
+        one), `latency_mean` / `_p50` / `_p95` (wall seconds). Totals: `rollouts`, `tasks`,
+        `infra_failures`, `unsafe_actions` (episodes ending in UNSAFE_ACTION), `cost_usd`. With k >= 2
+    samples of every task, `pass_at_<k>` and `pass_hat_<k>` (unbiased, averaged over tasks). Per tool call:
+        `tool_failure_rate_<class>` for every outcome class but ok. `reward`: mean total reward over tasks.
     """
     count = max(len(trajectories), 1)
     values: dict[str, float] = {}
@@ -134,6 +142,7 @@ def group_metrics(
         "infra_failures": float(sum(t.termination is Termination.INFRA_ERROR for t in trajectories)),
     }
     values |= _extra_steps(trajectories, tasks, seed)
+    values |= _pass_k(trajectories)
     values |= _latency([t.wall_s for t in trajectories])
     takeovers = [human_takeovers(t) for t in trajectories]
     values |= {
@@ -161,6 +170,20 @@ def _extra_steps(
         return {}
     per_task = per_task_mean(known, lambda t: float(tool_steps(t) - (steps[t.task_id] or 0)))
     return interval("extra_steps", task_interval(per_task, seed))
+
+
+def _pass_k(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """With k >= 2 samples of every task: unbiased pass@k (any of k succeeds) and pass^k (all k do)."""
+    counts: dict[str, list[int]] = {}
+    for t in trajectories:
+        n_c = counts.setdefault(t.task_id, [0, 0])
+        n_c[0] += 1
+        n_c[1] += int(success(t))
+    k = min((n for n, _ in counts.values()), default=0)
+    if k < 2:
+        return {}
+    pairs = {task: (n, c) for task, (n, c) in counts.items()}
+    return {f"pass_at_{k}": mean_pass_at_k(pairs, k), f"pass_hat_{k}": mean_pass_hat_k(pairs, k)}
 
 
 def _latency(walls: Sequence[float]) -> dict[str, float]:

@@ -80,9 +80,11 @@ async def evaluate_target(
     step: int | None = None,
     seed: int | None = None,
     samples_per_task: int | None = None,
+    settings: RunSpec | None = None,
 ) -> OfflineEval:
-    """Evaluate `target` on `suites`: a run id (its final weights, or its checkpoint of `step`), or a
-    registered adapter (with the settings and seed of the run that trained it)."""
+    """Evaluate `target` on `suites`: a run id (its final weights, or its checkpoint of `step`), a
+    registered adapter (with the settings and seed of the run that trained it), or a base model
+    (with the sampling and env settings, and seed, of the run spec `settings`)."""
     if not suites:
         raise UserInputError("name at least one suite, e.g. --suite calc-eval@v1", field="--suite")
     adapter_folder: Path | None = None
@@ -90,6 +92,8 @@ async def evaluate_target(
         record = RunRecord(store, target)
     else:
         version = store.resolve(target).version
+        if version is not None and version.kind == "model":
+            return await _evaluate_base(store, target, suites, settings, seed, samples_per_task)
         if version is None or version.kind != "adapter" or "run_id" not in version.meta:
             raise UserInputError(
                 f"{target!r} is neither a run id nor an adapter trained by a recorded run", field="TARGET"
@@ -119,6 +123,27 @@ async def evaluate_target(
     return OfflineEval(label, points[0].policy_version, run_seed, points)
 
 
+async def _evaluate_base(
+    store: Store,
+    target: str,
+    suites: Sequence[str],
+    settings: RunSpec | None,
+    seed: int | None,
+    samples_per_task: int | None,
+) -> OfflineEval:
+    if settings is None:
+        raise UserInputError(
+            f"{target} is a base model: give --spec FILE for the sampling and env settings", field="--spec"
+        )
+    loaded = load_base(target, store=store)
+    trainer = LocalTrainer(loaded.model, loaded.tokenizer, base_hash=loaded.base_hash)
+    resolved = [suite_of(store, ref) for ref in suites]
+    run_seed = settings.seed if seed is None else seed
+    version = f"base:{loaded.base_hash}"
+    points = await _measure(trainer, loaded, settings, resolved, run_seed, samples_per_task, "base", version)
+    return OfflineEval(target, version, run_seed, points)
+
+
 async def _measure(
     trainer: LocalTrainer,
     loaded: LoadedModel,
@@ -127,9 +152,10 @@ async def _measure(
     run_seed: int,
     samples_per_task: int | None,
     run_id: str,
+    version: str | None = None,
 ) -> list[EvalPoint]:
     snapshot = SamplingSnapshot(trainer, getattr(torch, spec.model.sampling_dtype))
-    version = weights_version(trainer)
+    version = version or weights_version(trainer)
     sampler = LocalSampler(
         snapshot.model, loaded.tokenizer, model_hash=loaded.base_hash, policy_version=version
     )

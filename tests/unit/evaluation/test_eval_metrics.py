@@ -287,3 +287,14 @@ def test_evaluate_keeps_the_tasks_and_seed_the_figures_need() -> None:
     assert m["latency_p50"] == 0.5 and m["rollouts"] == 16.0
     # Reported twice (guards and metrics.jsonl), the same figures: the bootstrap seed is fixed.
     assert p.metrics() == p.metrics()
+
+
+def test_several_samples_per_task_report_unbiased_pass_at_k_and_pass_hat_k() -> None:
+    # Three samples each: t1 passes 3/3, t2 1/3, t3 0/3.
+    rollouts = [traj("t1")] * 3 + [traj("t2"), traj("t2", outcome=0.0), traj("t2", outcome=0.0)]
+    rollouts += [traj("t3", outcome=0.0)] * 3
+    m = short(point(rollouts, ONE_FAMILY).metrics())
+    # pass@3: t1 1, t2 1 - C(2,3)/C(3,3) = 1, t3 0; pass^3: t1 1, t2 C(1,3)/C(3,3) = 0, t3 0.
+    assert m["pass_at_3"] == pytest.approx(2 / 3)
+    assert m["pass_hat_3"] == pytest.approx(1 / 3)
+    assert "pass_at_1" not in m and "pass_at_3" not in short(point(rollouts[::3], ONE_FAMILY).metrics())

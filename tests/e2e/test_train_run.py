@@ -41,6 +41,7 @@ drop_zero_variance_groups = false
 [evaluation]
 owner = "t@x"
 suites = ["calc-eval"]
+thresholds = { success = 0.5, tool_calls_mean = 0.0 }
 """
 
 
@@ -80,6 +81,10 @@ def test_a_run_warm_starts_trains_and_records_everything(
     assert [m["step"] for m in evals] == [0, 2]
     for m in evals:
         assert m["eval/calc-eval/rollouts"] == 32
+        # Acceptance: each declared threshold checked on the point, and all of them together.
+        assert m["eval/calc-eval/accept/tool_calls_mean"] == 1.0
+        passed = m["eval/calc-eval/success"] >= 0.5
+        assert m["eval/calc-eval/accept/success"] == m["eval/calc-eval/accepted"] == float(passed)
         assert (
             m["eval/calc-eval/success_low"] <= m["eval/calc-eval/success"] <= m["eval/calc-eval/success_high"]
         )

@@ -59,7 +59,7 @@ def demo(
     )
     record = asyncio.run(train_run(store, resolved, show_progress=True))
     for outcome in eval_outcomes(record, seed=resolved.seed):
-        console.print(f"held-out success on {outcome.suite} (95% CI, bootstrap over tasks):")
+        console.print(f"held-out success on {outcome.suite} (95% CI over tasks):")
         console.print(f"  before RL (step {outcome.first_step}): {outcome.before}")
         console.print(f"  after RL  (step {outcome.last_step}): {outcome.after}")
         console.print(f"  change, paired by task: {outcome.change}")

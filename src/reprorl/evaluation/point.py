@@ -3,8 +3,9 @@
 The suite's tasks run through the same rollout runner as training (same env versions, limits and
 records), as `eval` rollouts whose seeds do not depend on the step: every eval point of a run draws
 with the same seeds, so two points differ only by the weights they measured (a paired comparison).
-Success is averaged per task first, and the interval is a bootstrap over tasks, so repeated samples
-of one task are not counted as independent evidence. The point keeps the suite's tasks, so its
+Success is averaged per task first and the interval is over tasks (Wilson when each task simply
+passed or failed, else a bootstrap), so repeated samples of one task are not counted as
+independent evidence. The point keeps the suite's tasks, so its
 figures (`reprorl.evaluation.metrics`) can be split by env family and compared with reference steps.
 """
 
@@ -15,6 +16,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from reprorl.evaluation.acceptance import acceptance
 from reprorl.evaluation.metrics import INVALID as INVALID  # re-exported: the guards' tests use it
 from reprorl.evaluation.metrics import success as _success
 from reprorl.evaluation.metrics import suite_metrics, task_interval
@@ -40,6 +42,7 @@ class EvalPoint:
     # The suite's tasks by id (families, reference steps); a point built without them reports one family.
     tasks: Mapping[str, Task] = field(default_factory=dict, repr=False)
     seed: int = 0  # of the bootstrap intervals `metrics()` adds (partial credit, extra steps, families)
+    thresholds: Mapping[str, float] = field(default_factory=dict)  # the spec's acceptance thresholds
 
     @property
     def trajectories(self) -> list[Trajectory]:
@@ -58,6 +61,7 @@ class EvalPoint:
             reward=self.reward.value,
             seed=self.seed,
         )
+        values |= acceptance(self.thresholds, values)
         return {f"eval/{self.suite}/{k}": v for k, v in values.items()}
 
 
@@ -76,6 +80,7 @@ async def evaluate(
     step: int,
     policy_version: str,
     samples_per_task: int = 1,
+    thresholds: Mapping[str, float] | None = None,
 ) -> EvalPoint:
     """Run `samples_per_task` rollouts of every task of `suite` and summarise them with intervals."""
     if not tasks:
@@ -109,4 +114,5 @@ async def evaluate(
         per_task=per_task,
         tasks={t.id: t for t in tasks},
         seed=seed,
+        thresholds=dict(thresholds or {}),
     )

@@ -175,6 +175,7 @@ async def _measure(
                     step=0,
                     policy_version=version,
                     samples_per_task=samples_per_task or spec.evaluation.samples_per_task,
+                    thresholds=spec.evaluation.thresholds,
                 )
             )
     return points

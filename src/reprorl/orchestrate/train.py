@@ -232,6 +232,7 @@ class TrainLoop:
                 step=step,
                 policy_version=self.sampler.policy_version,
                 samples_per_task=self.spec.evaluation.samples_per_task,
+                thresholds=self.spec.evaluation.thresholds,
             )
             self.writer.write(step, point.result.all())
             timing = {"eval_s": time.perf_counter() - t0, "eval_cpu_s": time.process_time() - c0}

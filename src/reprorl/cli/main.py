@@ -10,8 +10,10 @@ import typer
 
 from reprorl.cli import (
     artifacts_cmd,
+    audit_cmd,
     compare_cmd,
     demo_cmd,
+    diff_cmd,
     eval_cmd,
     regression_cmd,
     replay_cmd,
@@ -44,6 +46,8 @@ app.command("rollouts")(rollouts_cmd.rollouts)
 app.command("run")(run_cmd.run)
 app.command("eval")(eval_cmd.eval_)
 app.command("compare")(compare_cmd.compare)
+app.command("audit")(audit_cmd.audit)
+app.command("diff")(diff_cmd.diff)
 app.command("regression")(regression_cmd.regression)
 app.command("sample")(sample_cmd.sample)
 app.command("replay")(replay_cmd.replay)

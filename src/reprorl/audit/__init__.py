@@ -1,0 +1,1 @@
+"""Tools that read run records and judge them: the reproducibility audit and the run-to-run diff."""

@@ -74,6 +74,7 @@ def test_a_run_warm_starts_trains_and_records_everything(
             "train/grad_norm",
             "train/clip_frac_high",
             "truncation_rate",
+            "prompt_tokens",
         ):
             assert key in m, key
     # Eval points on the frozen suite before the first step and after the last, with intervals.

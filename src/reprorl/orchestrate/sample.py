@@ -98,6 +98,7 @@ def step_metrics(result: RolloutResult) -> dict[str, float]:
         "infra_retries": float(len(result.retried)),
         "infra_failures": float(sum(t.termination is Termination.INFRA_ERROR for t in finals)),
         "completion_tokens": float(sum(t.completion_tokens for t in finals)),
+        "prompt_tokens": float(sum(t.prompt_tokens for t in finals)),
         "cost_usd": sum(t.cost_usd for t in result.all()),
         "cpu_s": sum(t.cpu_s for t in result.all()),
     }

@@ -17,6 +17,7 @@ from reprorl.cli import (
     eval_cmd,
     regression_cmd,
     replay_cmd,
+    reproduce_cmd,
     review_cmd,
     rollouts_cmd,
     run_cmd,
@@ -51,6 +52,7 @@ app.command("diff")(diff_cmd.diff)
 app.command("regression")(regression_cmd.regression)
 app.command("sample")(sample_cmd.sample)
 app.command("replay")(replay_cmd.replay)
+app.command("reproduce")(reproduce_cmd.reproduce)
 app.command("review")(review_cmd.review)
 app.command("serve-policy")(serve_policy_cmd.serve_policy)
 

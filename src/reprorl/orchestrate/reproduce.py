@@ -1,0 +1,139 @@
+"""Reproduction: a run re-run from its records alone, and every difference from the original named.
+
+The rerun takes the recorded spec (pinned to content hashes) and trains it as a new run in the same
+store. Then the two are compared: the code each ran (commit and uncommitted diff: a mismatch is a
+warning, not a refusal), every metric line in order with wall-clock figures set aside, and the
+hash of the final weights. On the CPU a run reproduces exactly; elsewhere the differences are the
+report.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from reprorl.config import RunSpec
+from reprorl.errors import UserInputError
+from reprorl.orchestrate.train import train_run
+from reprorl.store import RunRecord, Store
+
+# Wall-clock figures differ from run to run by nature; they are not part of the result.
+VOLATILE_SUFFIXES = ("time", "_s", "seconds")
+VOLATILE_PARTS = ("/latency_",)
+
+
+@dataclass(frozen=True)
+class Difference:
+    line: int  # index in metrics.jsonl (or -1 for the weights)
+    key: str
+    original: Any
+    rerun: Any
+
+
+@dataclass(frozen=True)
+class Reproduction:
+    original: str
+    rerun: str
+    code_warnings: tuple[str, ...]
+    adapter: tuple[str | None, str | None]  # final weights' hash: original, rerun
+    differences: tuple[Difference, ...] = field(default=())
+    lines_compared: int = 0
+
+    @property
+    def matches(self) -> bool:
+        return not self.differences and self.adapter[0] is not None and self.adapter[0] == self.adapter[1]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "original": self.original,
+            "rerun": self.rerun,
+            "matches": self.matches,
+            "code_warnings": list(self.code_warnings),
+            "adapter": {"original": self.adapter[0], "rerun": self.adapter[1]},
+            "lines_compared": self.lines_compared,
+            "differences": [
+                {"line": d.line, "key": d.key, "original": d.original, "rerun": d.rerun}
+                for d in self.differences
+            ],
+        }
+
+
+def result_figures(record: RunRecord) -> list[dict[str, Any]]:
+    """The run's metric lines without their wall-clock figures."""
+    return [
+        {
+            k: v
+            for k, v in line.items()
+            if not any(k == s or k.endswith(s) for s in VOLATILE_SUFFIXES)
+            and not any(p in k for p in VOLATILE_PARTS)
+        }
+        for line in record.metrics().records
+    ]
+
+
+def final_weights(record: RunRecord) -> str | None:
+    saved = [e for e in record.events().records if e.get("event") == "adapter_saved"]
+    return str(saved[-1]["adapter"]) if saved else None
+
+
+def _code(record: RunRecord) -> dict[str, Any]:
+    code: dict[str, Any] = record.info().get("environment", {}).get("code", {}).get("cwd") or {}
+    return code
+
+
+def code_warnings(original: RunRecord, rerun: RunRecord) -> tuple[str, ...]:
+    a, b = _code(original), _code(rerun)
+    warnings = []
+    if a.get("commit") != b.get("commit"):
+        warnings.append(
+            f"code commit differs: {a.get('commit') or 'none'} then, {b.get('commit') or 'none'} now"
+        )
+    if (a.get("diff") or "") != (b.get("diff") or ""):
+        warnings.append("uncommitted changes differ between the original and the rerun")
+    if set(a.get("untracked") or ()) != set(b.get("untracked") or ()):
+        warnings.append("untracked files differ between the original and the rerun")
+    return tuple(warnings)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return bool(a == b)
+
+
+def compare_records(original: RunRecord, rerun: RunRecord) -> Reproduction:
+    """Every metric and the final weights of `rerun` against `original`."""
+    first, second = result_figures(original), result_figures(rerun)
+    differences = []
+    for line, (a, b) in enumerate(zip(first, second, strict=False)):
+        for key in sorted(set(a) | set(b)):
+            if not _same(a.get(key), b.get(key)):
+                differences.append(Difference(line, key, a.get(key), b.get(key)))
+    if len(first) != len(second):
+        differences.append(Difference(min(len(first), len(second)), "lines", len(first), len(second)))
+    weights = (final_weights(original), final_weights(rerun))
+    if weights[0] != weights[1]:
+        differences.append(Difference(-1, "final weights", weights[0], weights[1]))
+    return Reproduction(
+        original.run_id,
+        rerun.run_id,
+        code_warnings(original, rerun),
+        weights,
+        tuple(differences),
+        min(len(first), len(second)),
+    )
+
+
+async def reproduce_run(store: Store, run_id: str, *, show_progress: bool = False) -> Reproduction:
+    """Train the recorded spec of `run_id` again and compare the rerun with it."""
+    original = RunRecord(store, run_id)
+    if original.status().get("status") != "succeeded":
+        raise UserInputError(
+            f"run {run_id} did not succeed (status {original.status().get('status')}); "
+            "resume it (reprorl run --resume) before reproducing it",
+            field="RUN",
+        )
+    spec = RunSpec.model_validate(original.spec())
+    rerun = await train_run(store, spec, show_progress=show_progress)
+    return compare_records(original, rerun)

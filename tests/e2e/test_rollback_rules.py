@@ -20,7 +20,7 @@ from reprorl.cli.main import main
 from reprorl.evaluation.guards import required_task_ids
 from reprorl.evaluation.point import EvalPoint
 from reprorl.evaluation.stats import mean_ci
-from reprorl.orchestrate import train
+from reprorl.orchestrate import loop
 from reprorl.store import RunRecord
 from reprorl.types import TaskSet, Termination
 
@@ -62,13 +62,13 @@ def _run(tmp_path: Path, extra: str) -> RunRecord:
 
 def _plant(monkeypatch: pytest.MonkeyPatch, edit: Any) -> None:
     """Let the loop compute each eval point, then `edit(step, point)` before anyone reads it."""
-    real = train.evaluate
+    real = loop.evaluate
 
     async def planted(*args: Any, **kwargs: Any) -> EvalPoint:
         point = await real(*args, **kwargs)
         return edit(kwargs["step"], point)  # type: ignore[no-any-return]
 
-    monkeypatch.setattr(train, "evaluate", planted)
+    monkeypatch.setattr(loop, "evaluate", planted)
 
 
 def _events(record: RunRecord, kind: str) -> list[dict[str, Any]]:

@@ -8,13 +8,13 @@ import signal
 import subprocess
 import sys
 import time
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_support import run_ids, tiny_home
 
-from reprorl.policy import save_model, tiny_model
+from reprorl.orchestrate.reproduce import result_figures
 from reprorl.store import RunRecord, Store
 from reprorl.store.rollout_query import RolloutStore
 
@@ -50,21 +50,11 @@ every_steps = 2
 """
 
 CLI = "import sys; from reprorl.cli.main import main; sys.exit(main(sys.argv[1:]))"
-VOLATILE = ("time", "_s", "seconds")
 
 
 def _home(tmp_path: Path, name: str) -> Path:
-    if not (tmp_path / "tiny").exists():
-        model = tiny_model(0)
-        save_model(model.model, model.tokenizer, tmp_path / "tiny")
-    home = tmp_path / name
-    store = Store(home)
-    store.add("tiny", tmp_path / "tiny", kind="model")
-    for taskset in ("calc-train", "calc-eval"):
-        with resources.as_file(resources.files("reprorl") / "examples" / f"{taskset}.jsonl") as path:
-            store.add(taskset, path, kind="taskset")
     (tmp_path / "spec.toml").write_text(SPEC)
-    return home
+    return tiny_home(tmp_path, name)
 
 
 def _start(home: Path, *args: str) -> subprocess.Popen[bytes]:
@@ -83,15 +73,10 @@ def _finish(proc: subprocess.Popen[bytes]) -> None:
     assert proc.returncode == 0, err.decode()[-2000:]
 
 
-def _runs(home: Path) -> list[str]:
-    runs = home / "runs"
-    return sorted(p.name for p in runs.iterdir() if not p.name.startswith(".")) if runs.is_dir() else []
-
-
 def _await_record(home: Path, proc: subprocess.Popen[bytes]) -> float:
     """When the run's record appeared (or the process ended first)."""
     deadline = time.perf_counter() + 120
-    while not _runs(home) and proc.poll() is None and time.perf_counter() < deadline:
+    while not run_ids(home) and proc.poll() is None and time.perf_counter() < deadline:
         time.sleep(0.02)
     return time.perf_counter()
 
@@ -99,18 +84,10 @@ def _await_record(home: Path, proc: subprocess.Popen[bytes]) -> float:
 def _outcome(home: Path) -> dict[str, Any]:
     """What must not depend on interruptions: the adapter, every metric, every sampled token."""
     store = Store(home)
-    (run_id,) = _runs(home)
+    (run_id,) = run_ids(home)
     record = RunRecord(store, run_id)
     assert record.status()["status"] == "succeeded"
-    metrics = [
-        {
-            k: v
-            for k, v in m.items()
-            # Eval latencies are wall-clock seconds too.
-            if not any(k == s or k.endswith(s) for s in VOLATILE) and "/latency_" not in k
-        }
-        for m in record.metrics().records
-    ]
+    metrics = result_figures(record)  # wall-clock figures set aside
     rollouts = sorted(
         (t.rollout_id.split("/", 1)[1], t.reward.total if t.reward else None, [x.token_ids for x in t.turns])
         for t in RolloutStore(record).trajectories()
@@ -134,7 +111,7 @@ def test_a_run_killed_at_random_points_resumes_to_the_same_adapter(tmp_path: Pat
     rng = random.Random(20261130)
     kills = 0
     while kills < 4:
-        runs = _runs(home)
+        runs = run_ids(home)
         proc = _start(home, "--resume", runs[0]) if runs else _start(home, str(tmp_path / "spec.toml"))
         # The random point is counted after start-up: a kill while the model loads leaves nothing
         # new to resume from and would not test resuming.
@@ -144,7 +121,7 @@ def test_a_run_killed_at_random_points_resumes_to_the_same_adapter(tmp_path: Pat
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         kills += 1
-    runs = _runs(home)
+    runs = run_ids(home)
     record = RunRecord(Store(home), runs[0])
     if record.status()["status"] != "succeeded":
         _finish(_start(home, "--resume", runs[0]))

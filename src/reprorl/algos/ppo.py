@@ -59,6 +59,9 @@ class PPOClip:
             ),
             "is_weight_mean": float(masked_mean(weights, mask)),
             "is_weight_max": float((weights * mask).max()) if mask.any() else 0.0,
+            "is_weight_min": float(weights[mask.bool()].min()) if mask.any() else 0.0,
+            # The raw ratio before the correction: how far off-policy the worst token was.
+            "is_ratio_max": float((torch.exp(proximal - behaviour) * mask).max()) if mask.any() else 0.0,
             "mismatch_k3": float(masked_mean(k3(proximal, behaviour), mask)),
             "tokens": float(mask.sum()),
         }

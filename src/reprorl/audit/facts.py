@@ -8,7 +8,6 @@ the other questions read the documents as they are on disk.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -20,6 +19,7 @@ from reprorl.errors import ArtifactNotFoundError, ReprorlError
 from reprorl.hashing import HASH_PREFIX
 from reprorl.refs import parse_ref
 from reprorl.store import RunRecord, Store
+from reprorl.store.documents import json_doc, plain_row
 from reprorl.store.rollout_query import RolloutStore
 from reprorl.store.runs import LogReadResult
 from reprorl.types import Split, TaskSet, outcome_success
@@ -96,9 +96,9 @@ class RunFacts:
 
     @classmethod
     def load(cls, store: Store, record: RunRecord) -> RunFacts:
-        info, info_error = _json_doc(record.path / "run.json")
-        spec_doc, spec_error = _json_doc(record.path / "spec.json")
-        status, _ = _json_doc(record.path / "status.json")
+        info, info_error = json_doc(record.path / "run.json")
+        spec_doc, spec_error = json_doc(record.path / "spec.json")
+        status, _ = json_doc(record.path / "status.json")
         events = record.events()
         if status is None:
             # status.json is rewritten in place; each change of status is also an event.
@@ -109,7 +109,7 @@ class RunFacts:
         try:
             reader = RolloutStore(record)
             parts = len(reader.parts())
-            rollouts = [_plain(row) for row in reader.query(columns=ROLLOUT_COLUMNS).to_pylist()]
+            rollouts = [plain_row(row) for row in reader.query(columns=ROLLOUT_COLUMNS).to_pylist()]
         except (ReprorlError, OSError) as exc:
             rollouts_error = str(exc)
         return cls(
@@ -237,23 +237,3 @@ def missing_objects(store: Store, address: str) -> list[str]:
     except ReprorlError:
         return [address]
     return [str(e["hash"]) for e in entries if not blobs.has(str(e["hash"]))]
-
-
-def _plain(row: dict[str, Any]) -> dict[str, Any]:
-    # Arrow returns map columns as lists of pairs.
-    for key in ("tool_versions", "reward_components"):
-        if isinstance(row.get(key), list):
-            row[key] = dict(row[key])
-    return row
-
-
-def _json_doc(path: Path) -> tuple[dict[str, Any] | None, str | None]:
-    try:
-        value = json.loads(path.read_bytes())
-    except FileNotFoundError:
-        return None, f"{path.name} is missing"
-    except (OSError, ValueError) as exc:
-        return None, f"{path.name} is not readable JSON: {exc}"
-    if not isinstance(value, dict):
-        return None, f"{path.name} does not hold a JSON object"
-    return value, None

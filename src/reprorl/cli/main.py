@@ -15,8 +15,10 @@ from reprorl.cli import (
     demo_cmd,
     diff_cmd,
     eval_cmd,
+    export_cmd,
     regression_cmd,
     replay_cmd,
+    report_cmd,
     reproduce_cmd,
     review_cmd,
     rollouts_cmd,
@@ -53,6 +55,8 @@ app.command("regression")(regression_cmd.regression)
 app.command("sample")(sample_cmd.sample)
 app.command("replay")(replay_cmd.replay)
 app.command("reproduce")(reproduce_cmd.reproduce)
+app.command("report")(report_cmd.report)
+app.command("export-metrics")(export_cmd.export_metrics)
 app.command("review")(review_cmd.review)
 app.command("serve-policy")(serve_policy_cmd.serve_policy)
 

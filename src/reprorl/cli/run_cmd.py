@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import typer
@@ -11,6 +13,7 @@ from reprorl.cli.context import options
 from reprorl.cli.output import console
 from reprorl.config import RunSpec, load_spec, resolve_spec
 from reprorl.errors import UserInputError
+from reprorl.sinks import SinkObserver, SinkTarget, parse_targets
 from reprorl.store import RunRecord
 
 
@@ -21,10 +24,25 @@ def run(
     resume: str | None = typer.Option(
         None, "--resume", metavar="RUN", help="Continue this run from its newest checkpoint."
     ),
+    ray: str | None = typer.Option(
+        None,
+        "--ray",
+        metavar="ADDRESS",
+        help="Run the rollout workers (learning.rollout_workers of them) as Ray actors: 'local' starts "
+        "a cluster on this machine, 'auto' or an address joins an existing one.",
+    ),
+    sink: list[str] | None = typer.Option(
+        None,
+        "--sink",
+        metavar="KIND:DIR",
+        help="Also mirror metrics live to tensorboard:DIR, mlflow:DIR or wandb:DIR (repeatable; "
+        "not part of the spec).",
+    ),
 ) -> None:
     """SFT warm start (if the spec asks), then policy-gradient steps; records, metrics, adapter."""
     from reprorl.orchestrate.train import train_run
 
+    targets = parse_targets(sink, option="--sink")
     store = options(ctx).store()
     if resume is not None:
         if file is not None or overrides:
@@ -39,15 +57,32 @@ def run(
             )
         spec = RunSpec.model_validate(record.spec())
         console.print(f"resuming run {resume} (was {status})")
-        record = asyncio.run(train_run(store, spec, resume=record, show_progress=True))
+        with mirrored(targets, resume):
+            record = asyncio.run(train_run(store, spec, resume=record, show_progress=True, ray=ray))
     else:
         if file is None:
             raise UserInputError("give a run spec file, or --resume RUN", field="FILE")
         spec = resolve_spec(load_spec(file, overrides or [], pin_bare=store.pin_newest), store.pin)
-        record = asyncio.run(train_run(store, spec, show_progress=True))
+        with mirrored(targets, None):
+            record = asyncio.run(train_run(store, spec, show_progress=True, ray=ray))
     status = record.status()
     if status["status"] == "stopped":
         console.print(f"run {record.run_id} stopped: {status.get('reason', 'a rollback rule fired')}")
     else:
         console.print(f"run {record.run_id} finished")
     console.print(f"see it with: reprorl runs show {record.run_id}")
+
+
+@contextlib.contextmanager
+def mirrored(targets: list[SinkTarget], run_id: str | None) -> Iterator[None]:
+    """Mirror the run's lines into `targets` while the block trains it; warn about any sink that failed."""
+    if not targets:
+        yield
+        return
+    observer = SinkObserver(targets, run_id=run_id)
+    with RunRecord.observing(observer):
+        try:
+            yield
+        finally:
+            for label, reason in observer.close():
+                console.print(f"[yellow]warning:[/] sink {label} was disabled: {reason}")

@@ -102,6 +102,13 @@ class NoiseSpec(SpecModel):
     """Tool noise injected on purpose, seeded per episode, part of the environment's version."""
 
     latency_s: float = Field(default=0.0, ge=0.0, le=60.0, description="Added latency per tool call.")
+    latency_sigma: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=4.0,
+        description="Lognormal spread of the added latency: latency_s * exp(sigma * z), z ~ N(0, 1), "
+        "a heavy tail; 0 = fixed.",
+    )
     jitter_s: float = Field(default=0.0, ge=0.0, le=60.0, description="Uniform extra latency, 0..jitter.")
     timeout_p: float = Field(default=0.0, ge=0.0, le=1.0, description="Chance a call times out.")
     transient_error_p: float = Field(
@@ -190,8 +197,30 @@ class LearningSpec(SpecModel):
         default=1, ge=1, description="Save a resumable checkpoint every N steps (and after the last)."
     )
     keep_checkpoints: int = Field(default=2, ge=1, description="Newest checkpoints kept on disk.")
+    mode: Literal["sync", "async"] = Field(
+        default="sync",
+        description="'sync': each step samples, then trains. 'async': rollout workers sample ahead while "
+        "the trainer trains, joined by a sample queue and paced by max_staleness.",
+    )
     max_staleness: int = Field(
-        default=0, ge=0, description="Max policy versions a sample may lag; 0 = synchronous."
+        default=0,
+        ge=0,
+        description="Async mode: policy versions a sample may lag behind the weights it trains. Step s "
+        "samples from the weights after update s - max_staleness (never older than the last eval point), "
+        "so 0 gives the synchronous loop's results.",
+    )
+    rollout_workers: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="Rollout workers a batch's groups are dealt to, each sampling its share in batches of "
+        "its own (so the count shapes the results); in this process, or Ray actors with `reprorl run "
+        "--ray`. More than 1 runs the async loop (max_staleness 0 gives the synchronous results).",
+    )
+    correction: Literal["tis", "mis", "none"] = Field(
+        default="tis",
+        description="Importance correction of the gap between the behaviour (sampling) and proximal "
+        "policies: truncated IS, masked IS, or none (an explicit choice, recorded in async runs).",
     )
     temperature: float = Field(default=1.0, ge=0.0, description="Sampling temperature.")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")

@@ -71,7 +71,10 @@ class EnvConfig:
         return {
             "tool_output_chars": self.tool_output_chars,
             "max_invalid_actions": self.max_invalid_actions,
-            "noise": self.noise.model_dump(mode="json"),
+            # A field added later is left out at its default, so earlier env versions keep their hash.
+            "noise": self.noise.model_dump(
+                mode="json", exclude={"latency_sigma"} if self.noise.latency_sigma == 0 else None
+            ),
             "allowed": sorted(p.value for p in self.allowed),
         }
 

@@ -9,8 +9,10 @@ sequence of calls, never on timing. Results shaped by noise say so in `ToolResul
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from dataclasses import dataclass
+from statistics import NormalDist
 
 from reprorl.config.spec import NoiseSpec
 from reprorl.envs.calls import CallOutcome
@@ -42,7 +44,12 @@ class NoiseInjector:
             return None
         r = self.rng.random
         draw = self._draw = _Draw(r(), r(), r(), r(), r(), r())
-        delay = self.spec.latency_s + draw.jitter * self.spec.jitter_s
+        latency = self.spec.latency_s
+        if self.spec.latency_sigma > 0:
+            # One more draw only when asked for, so the existing settings see the same values.
+            z = NormalDist().inv_cdf(min(max(r(), 1e-12), 1 - 1e-12))
+            latency *= math.exp(self.spec.latency_sigma * z)
+        delay = latency + draw.jitter * self.spec.jitter_s
         if delay > 0:
             await asyncio.sleep(delay)
         if draw.timeout < self.spec.timeout_p:

@@ -152,12 +152,13 @@ def latest_checkpoint(record: RunRecord) -> Checkpoint | None:
     return None
 
 
-def rewind(record: RunRecord, checkpoint: Checkpoint | None) -> int:
+def rewind(record: RunRecord, checkpoint: Checkpoint | None, *, keep: frozenset[str] = frozenset()) -> int:
     """Discard what the run wrote after `checkpoint` (all of it, with none); returns the next step.
 
     Metric lines past the checkpoint are cut (the file is rewritten atomically), rollout parts of
-    steps not yet checkpointed are removed and a discard event names them, and half-staged
-    checkpoints are swept.
+    steps not yet checkpointed are removed and a discard event names them (except the parts in
+    `keep`: batches sampled ahead that the resumed run trains on), and half-staged checkpoints are
+    swept.
     """
     next_step = checkpoint.state.next_step if checkpoint else 0
     metrics_bytes = checkpoint.state.metrics_bytes if checkpoint else 0
@@ -172,7 +173,7 @@ def rewind(record: RunRecord, checkpoint: Checkpoint | None) -> int:
     discarded = [
         path.relative_to(record.path).as_posix()
         for path, step, _ in find_parts(record.path)
-        if step >= next_step
+        if step >= next_step and path.relative_to(record.path).as_posix() not in keep
     ]
     if discarded:
         # Logged before the files go, so a kill in between still accounts for every part.

@@ -22,9 +22,10 @@ from reprorl.config import RunSpec
 from reprorl.errors import UserInputError
 from reprorl.evaluation.point import EvalPoint, evaluate
 from reprorl.orchestrate.checkpoint import GOOD_PREFIX, STEP_PREFIX, checkpoints_root, verify_checkpoint
+from reprorl.orchestrate.loop import Suite, build_trainer, suite_of
 from reprorl.orchestrate.policies import OpenedPolicy
 from reprorl.orchestrate.sample import runner_for
-from reprorl.orchestrate.train import Suite, build_trainer, suite_of, weights_version
+from reprorl.orchestrate.versions import trained_version
 from reprorl.policy import LoadedModel, load_base
 from reprorl.policy.chat import ChatRenderer
 from reprorl.policy.sampling import LocalSampler
@@ -155,7 +156,7 @@ async def _measure(
     version: str | None = None,
 ) -> list[EvalPoint]:
     snapshot = SamplingSnapshot(trainer, getattr(torch, spec.model.sampling_dtype))
-    version = version or weights_version(trainer)
+    version = version or trained_version(trainer)
     sampler = LocalSampler(
         snapshot.model, loaded.tokenizer, model_hash=loaded.base_hash, policy_version=version
     )

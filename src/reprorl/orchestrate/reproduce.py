@@ -20,7 +20,8 @@ from reprorl.store import RunRecord, Store
 
 # Wall-clock figures differ from run to run by nature; they are not part of the result.
 VOLATILE_SUFFIXES = ("time", "_s", "seconds")
-VOLATILE_PARTS = ("/latency_",)
+# `timing/` figures (queue depth, busy share, where episode time went) depend on how fast things ran.
+VOLATILE_PARTS = ("/latency_", "timing/")
 
 
 @dataclass(frozen=True)

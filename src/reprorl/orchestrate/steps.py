@@ -16,9 +16,12 @@ import torch
 
 from reprorl.algos import (
     PPOEWMA,
+    Correction,
     DrGRPOAdvantage,
     GRPOAdvantage,
     Loss,
+    MaskedIS,
+    NoCorrection,
     PPOClip,
     RLOOAdvantage,
     TruncatedIS,
@@ -45,9 +48,16 @@ def learning_rate(learning: LearningSpec, step: int) -> float:
     return learning.lr
 
 
+def correction_of(learning: LearningSpec) -> Correction:
+    """The spec's importance correction of behaviour (sampled) tokens toward the proximal policy."""
+    if learning.correction == "none":
+        return NoCorrection()
+    return (MaskedIS if learning.correction == "mis" else TruncatedIS)(learning.tis_cap)
+
+
 def make_loss(learning: LearningSpec) -> Loss:
     """The spec's objective: PPO clip against the pre-update weights, or against their EWMA."""
-    correction = TruncatedIS(learning.tis_cap)
+    correction = correction_of(learning)
     kind = PPOEWMA if learning.loss == "ppo_ewma" else PPOClip
     return kind(learning.clip_low, learning.clip_high, correction, learning.kl.coef)
 
@@ -96,10 +106,16 @@ def health(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
     for t in trajectories:
         for name, value in (t.reward.components if t.reward else {}).items():
             components[name].append(value)
+    model_s = [sum(turn.sample_s for turn in t.turns) for t in trajectories]
+    env_s = [sum(turn.tool_s for turn in t.turns) for t in trajectories]
     return {
         "response_tokens_mean": statistics.fmean(lengths) if lengths else 0.0,
         "truncation_rate": truncated / max(len(trajectories), 1),
         "turns_mean": statistics.fmean(len(t.turns) for t in trajectories) if trajectories else 0.0,
         **{f"reward/{name}": statistics.fmean(v) for name, v in sorted(components.items())},
         **stats.as_metrics(),
+        # Where an episode's time went: sampling its turns, or waiting on its tools and env.
+        "timing/episode_model_s": statistics.fmean(model_s) if model_s else 0.0,
+        "timing/episode_env_s": statistics.fmean(env_s) if env_s else 0.0,
+        "timing/env_share": sum(env_s) / max(sum(env_s) + sum(model_s), 1e-9),
     }

@@ -1,319 +1,49 @@
-"""The training run: warm start, then sample groups, score, compute advantages, update — checkpointed.
+"""A training run end to end: preflight, record, warm start or resume, the loop, the saved adapter.
 
-One step: the current weights sample G rollouts of each of the step's tasks (every record, failed
-ones too, goes to the rollout store), groups become advantages, zero-variance groups are dropped (and
-counted) if the spec says so, and one policy-gradient update is taken. The sampler reads the weights
-being trained, so each sample's `policy_version` names the exact state it came from. Eval points on
-the spec's frozen suites come before the first step, every `evaluation.every_steps`, and after the
-last. Health metrics go to `metrics.jsonl` every step, a checkpoint follows every
-`learning.checkpoint_every` steps, and a killed run resumes from its newest checkpoint exactly.
+`train_run` picks the loop the spec's `learning.mode` names — `TrainLoop` (synchronous) or
+`AsyncTrainLoop` (a producer samples ahead through the sample queue, on rollout workers here or on
+Ray) — and gives both the same
+frame: the leakage gate before anything is written, the SFT warm start or the newest intact
+checkpoint, and at the end the trained weights saved and registered with what they depend on.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
-import tempfile
-import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import torch
-
 from reprorl.config import RunSpec
-from reprorl.config.spec import LoraAdapter
-from reprorl.errors import UserInputError
-from reprorl.evaluation.point import EvalPoint, evaluate
-from reprorl.hashing import derive_seed
-from reprorl.orchestrate.checkpoint import (
-    GOOD_PREFIX,
-    LoopState,
-    good_checkpoint,
-    latest_checkpoint,
-    rewind,
-    save_checkpoint,
-)
-from reprorl.orchestrate.guarding import LoopGuard
+from reprorl.orchestrate.async_train import AsyncTrainLoop
+from reprorl.orchestrate.checkpoint import latest_checkpoint, rewind
 from reprorl.orchestrate.launch import create_run
-from reprorl.orchestrate.policies import OpenedPolicy
+from reprorl.orchestrate.loop import TrainLoop, build_trainer
 from reprorl.orchestrate.preflight import check_run_leakage, record_leakage
-from reprorl.orchestrate.sample import load_taskset, progress_bar, runner_for, step_metrics, step_tasks
-from reprorl.orchestrate.steps import group_data, health, learning_rate, make_loss, prepare
-from reprorl.orchestrate.warm_start import sft_warm_start
-from reprorl.policy import LoadedModel, load_adapter, load_base, tensors_hash
-from reprorl.policy.chat import ChatRenderer
-from reprorl.policy.sampling import LocalSampler
-from reprorl.rollout.episode import Provenance
-from reprorl.rollout.runner import RolloutRunner, plan_groups
+from reprorl.policy import load_base
 from reprorl.store import RunRecord, Store
-from reprorl.store.rollouts import RolloutWriter
-from reprorl.trainer import AdamParams, EWMAWeights, LocalTrainer
-from reprorl.trainer.snapshot import SamplingSnapshot
-from reprorl.types import Split, Task
-
-EWMA_FILE = "ewma.pt"
+from reprorl.trainer import EWMAWeights, LocalTrainer
 
 
-@dataclass(frozen=True)
-class Suite:
-    """A frozen eval suite as the loop uses it: its name, its pinned reference, its tasks."""
-
-    name: str
-    ref: str
-    tasks: tuple[Task, ...]
-
-
-def suite_of(store: Store, ref: str) -> Suite:
-    """A stored task set as an eval suite: its eval and holdout tasks, named by its version's name."""
-    resolved = store.resolve(ref)
-    taskset = load_taskset(store, ref)
-    tasks = taskset.split(Split.EVAL) + taskset.split(Split.HOLDOUT)
-    return Suite(resolved.version.name if resolved.version else ref, ref, tasks)
-
-
-def eval_suites(store: Store, spec: RunSpec) -> list[Suite]:
-    return [suite_of(store, str(ref)) for ref in spec.evaluation.suites]
-
-
-def build_trainer(store: Store, loaded: LoadedModel, spec: RunSpec) -> LocalTrainer:
-    """The trainer of `model.adapter`: a LoRA adapter (new, or `model.init_adapter`), or every weight."""
-    adapter = spec.model.adapter
-    if not isinstance(adapter, LoraAdapter):
-        if spec.model.init_adapter is not None:
-            raise UserInputError(
-                "an init_adapter needs model.adapter.kind = 'lora'", field="model.init_adapter"
-            )
-        return LocalTrainer.full(loaded, autocast_bf16=True)
-    if spec.model.init_adapter is None:
-        return LocalTrainer.lora(
-            loaded, adapter, seed=derive_seed(spec.seed, "adapter-init"), autocast_bf16=True
-        )
-    ref = str(spec.model.init_adapter)
-    with tempfile.TemporaryDirectory(prefix="reprorl-init-adapter-") as scratch:
-        folder = store.export(ref, Path(scratch) / "adapter")
-        config = json.loads((folder / "adapter_config.json").read_text())
-        saved = (config.get("r"), float(config.get("lora_alpha", 0)), set(config.get("target_modules") or ()))
-        if saved != (adapter.rank, adapter.alpha, set(adapter.targets)):
-            raise UserInputError(
-                f"{ref} has rank {saved[0]}, alpha {saved[1]}, targets {sorted(saved[2])}; set model.adapter "
-                "to the same to continue training it",
-                field="model.adapter",
-            )
-        model = load_adapter(
-            loaded.model,
-            folder,
-            trainable=True,
-            expected_hash=store.resolve(ref).hash,
-            base_hash=loaded.base_hash,
-        )
-    # A PeftModel stands in for the transformers model it wraps.
-    return LocalTrainer(model, loaded.tokenizer, base_hash=loaded.base_hash, autocast_bf16=True)  # type: ignore[arg-type]
-
-
-def weights_version(trainer: LocalTrainer) -> str:
-    """The exact trained weights, hashed in memory (the saved folder's hash is recorded at the end)."""
-    kind = "adapter" if trainer.trains_adapter else "weights"
-    return f"{kind}:{tensors_hash(trainer.trainable_state())}"
-
-
-class TrainLoop:
-    """One run's loop state: trainer, sampler, runner, record; `run()` takes it from its cursor to the end."""
-
-    def __init__(
-        self,
-        store: Store,
-        spec: RunSpec,
-        record: RunRecord,
-        loaded: LoadedModel,
-        trainer: LocalTrainer,
-        ewma: EWMAWeights | None,
-    ) -> None:
-        self.store, self.spec, self.record, self.loaded = store, spec, record, loaded
-        self.trainer, self.ewma = trainer, ewma
-        self.learning = spec.learning
-        self.tasks = load_taskset(store, str(spec.data.train)).split(Split.TRAIN)
-        if not self.tasks:
-            raise ValueError(f"data.train: {spec.data.train} has no train-split tasks")
-        self.suites = eval_suites(store, spec)
-        self.writer = RolloutWriter(record)
-        self.loss = make_loss(self.learning)
-        renderer = ChatRenderer(loaded.tokenizer)
-        self.snapshot = SamplingSnapshot(trainer, getattr(torch, spec.model.sampling_dtype))
-        self.sampler = LocalSampler(
-            self.snapshot.model, loaded.tokenizer, model_hash=loaded.base_hash, policy_version=""
-        )
-        provenance = Provenance(loaded.base_hash, None, renderer.template_hash, self.sampler.info())
-        self.opened = OpenedPolicy(loaded, self.sampler, renderer, provenance)
-        self.guard = (
-            LoopGuard(spec, {s.name: s.tasks for s in self.suites}) if spec.evaluation.rollback else None
-        )
-        self.stopped: str | None = None  # why a rollback rule ended the run early
-
-    def save(self, next_step: int) -> None:
-        size = (self.record.path / "metrics.jsonl").stat().st_size
-        state = LoopState(
-            next_step=next_step, metrics_bytes=size, policy_version=weights_version(self.trainer)
-        )
-
-        save_checkpoint(self.record, state, self._write_state, keep=self.learning.keep_checkpoints)
-
-    def _write_state(self, folder: Path) -> None:
-        self.trainer.save_state(folder)
-        if self.ewma is not None:
-            torch.save(self.ewma.state_dict(), folder / EWMA_FILE)
-        if self.guard is not None:
-            self.guard.save(folder)
-
-    def load(self, folder: Path, *, guard: bool = True) -> None:
-        """Take the trained weights, optimizer, RNG (and EWMA, guard) state of a checkpoint folder."""
-        self.trainer.load_state(folder)
-        if self.ewma is not None:
-            self.ewma.load_state_dict(torch.load(folder / EWMA_FILE, weights_only=True))
-        if guard and self.guard is not None:
-            self.guard.load(folder)
-
-    def guard_points(self, step: int, points: list[EvalPoint]) -> bool:
-        """Check the rollback rules at this eval point and act; False when the run must end."""
-        assert self.guard is not None
-        verdict = self.guard.check(self.record, step, points)
-        if verdict.passed:
-            state = LoopState(next_step=step, metrics_bytes=0, policy_version=weights_version(self.trainer))
-            save_checkpoint(self.record, state, self._write_state, keep=None, prefix=GOOD_PREFIX)
-            return True
-        rules = [f.when for f in verdict.fired]
-        good = good_checkpoint(self.record, step) if verdict.action == "revert" else None
-        if good is None:
-            self.stopped = f"rollback rule {', '.join(rules)} fired at step {step}"
-            self.record.event("stopped_by_rule", step=step, rules=rules, action=verdict.action)
-            return False
-        # Only the weights go back: the guard keeps its history (the failed check is part of what it
-        # judges by) and the cost already spent.
-        self.load(good.path, guard=False)
-        self.snapshot.refresh()
-        self.sampler.policy_version = weights_version(self.trainer)
-        self.record.event(
-            "reverted",
-            step=step,
-            to_step=good.state.next_step,
-            rules=rules,
-            policy_version=good.state.policy_version,
-        )
-        return True
-
-    async def warm_start(self) -> None:
-        learning, started = self.learning, time.perf_counter()
-        shutil.rmtree(self.record.path / "sft-adapter", ignore_errors=True)  # a killed earlier attempt
-        warm = await sft_warm_start(
-            self.loaded,
-            self.tasks,
-            LoraAdapter(),  # unused: the run's own trainer is passed in
-            self.record.path / "sft-adapter",
-            steps=learning.sft_steps,
-            batch_size=learning.sft_batch_size,
-            lr=learning.sft_lr,
-            seed=derive_seed(self.spec.seed, "sft"),
-            imperfect_fraction=learning.sft_imperfect_fraction,
-            on_step=lambda step, loss: self.record.log_metrics(step, {"sft_loss": loss}, stage="sft"),
-            trainer=self.trainer,
-        )
-        self.record.event("sft_done", adapter=warm.adapter_hash, seconds=time.perf_counter() - started)
-
-    async def evaluate(self, runner: RolloutRunner, step: int) -> list[EvalPoint]:
-        points = []
-        for suite in self.suites:
-            t0, c0 = time.perf_counter(), time.process_time()
-            point = await evaluate(
-                runner,
-                suite.name,
-                suite.tasks,
-                run_id=self.record.run_id,
-                run_seed=self.spec.seed,
-                step=step,
-                policy_version=self.sampler.policy_version,
-                samples_per_task=self.spec.evaluation.samples_per_task,
-                thresholds=self.spec.evaluation.thresholds,
-            )
-            self.writer.write(step, point.result.all())
-            timing = {"eval_s": time.perf_counter() - t0, "eval_cpu_s": time.process_time() - c0}
-            self.record.log_metrics(
-                step,
-                {**point.metrics(), **timing},
-                stage="eval",
-                suite=suite.ref,
-                policy_version=point.policy_version,
-            )
-            points.append(point)
-        return points
-
-    def eval_due(self, step: int) -> bool:
-        every = self.spec.evaluation.every_steps
-        return step == 0 or step == self.learning.steps or step % every == 0
-
-    async def step(self, runner: RolloutRunner, step: int) -> None:
-        learning = self.learning
-        t0, c0 = time.perf_counter(), time.process_time()
-        jobs = plan_groups(
-            step_tasks(self.tasks, self.spec, step),
-            learning.group_size,
-            run_id=self.record.run_id,
-            run_seed=self.spec.seed,
-            step=step,
-        )
-        result = await runner.run(jobs)
-        self.writer.write(step, result.all())
-        rollout_s, rollout_cpu = time.perf_counter() - t0, time.process_time() - c0
-        data, group_stats = group_data(result.trajectories, learning)
-        t1, c1 = time.perf_counter(), time.process_time()
-        train: dict[str, float] = {}
-        if data:
-            data = prepare(self.trainer, data, learning, self.ewma)
-            train = self.trainer.forward_backward(data, self.loss)
-            train.update(self.trainer.optim_step(AdamParams(lr=learning_rate(learning, step))))
-            if self.ewma is not None:
-                self.ewma.update()
-        metrics = {
-            **step_metrics(result),
-            **group_stats,
-            **{f"train/{k}": v for k, v in train.items()},
-            **health(result.trajectories),
-            "trained_sequences": float(len(data)),
-            "rollout_s": rollout_s,
-            "rollout_cpu_s": rollout_cpu,
-            "train_s": time.perf_counter() - t1,
-            "train_cpu_s": time.process_time() - c1,
-        }
-        self.record.log_metrics(step, metrics, policy_version=self.sampler.policy_version)
-        if self.guard is not None:
-            self.guard.after_step(step, result, metrics["reward_mean"])
-
-    async def run(self, start: int, *, show_progress: bool = False) -> list[EvalPoint]:
-        """Steps `start` .. the last, with eval points and checkpoints; returns the eval points run."""
-        learning, points = self.learning, []
-        with progress_bar("training", show_progress) as progress:
-            bar = progress.add_task("steps", total=learning.steps, completed=start)
-            async with runner_for(self.opened, self.spec, self.record.run_id) as runner:
-                for step in range(start, learning.steps + 1):
-                    self.snapshot.refresh()
-                    self.sampler.policy_version = weights_version(self.trainer)
-                    if self.eval_due(step):
-                        new = await self.evaluate(runner, step)
-                        points.extend(new)
-                        if self.guard is not None and not self.guard_points(step, new):
-                            break
-                    if step == learning.steps:
-                        break
-                    await self.step(runner, step)
-                    progress.advance(bar)
-                    if (step + 1) % learning.checkpoint_every == 0 and step + 1 < learning.steps:
-                        self.save(step + 1)
-        return points
+def loop_class(spec: RunSpec, ray: str | None) -> type[TrainLoop]:
+    """The async loop for `learning.mode = "async"`, and wherever rollout workers are asked for: with
+    `max_staleness = 0` it gives the synchronous loop's results."""
+    learning = spec.learning
+    if learning.mode == "async" or learning.rollout_workers > 1 or ray is not None:
+        return AsyncTrainLoop
+    return TrainLoop
 
 
 async def train_run(
-    store: Store, spec: RunSpec, *, resume: RunRecord | None = None, show_progress: bool = False
+    store: Store,
+    spec: RunSpec,
+    *,
+    resume: RunRecord | None = None,
+    show_progress: bool = False,
+    ray: str | None = None,
 ) -> RunRecord:
-    """Run `spec` end to end on this machine, or continue `resume` (a run of it) from its checkpoint."""
+    """Run `spec` end to end, or continue `resume` (a run of it) from its checkpoint.
+
+    With `ray` (a cluster address, or "local" to start one here) the rollout workers are Ray actors.
+    """
     leakage = check_run_leakage(store, spec) if resume is None else None
     loaded = load_base(str(spec.model.base), store=store)
     record = resume if resume is not None else create_run(spec, store)
@@ -327,11 +57,14 @@ async def train_run(
             if spec.learning.loss == "ppo_ewma"
             else None
         )
-        loop = TrainLoop(store, spec, record, loaded, trainer, ewma)
+        loop = loop_class(spec, ray)(store, spec, record, loaded, trainer, ewma)
+        if isinstance(loop, AsyncTrainLoop):
+            loop.ray = ray
         start, checkpoint = 0, None
         if resume is not None:
             checkpoint = latest_checkpoint(record)
-            start = rewind(record, checkpoint)
+            keep = loop.keep_on_resume(record, checkpoint) if checkpoint is not None else frozenset()
+            start = rewind(record, checkpoint, keep=keep)
             record.event("resumed", from_step=start, checkpoint=checkpoint.path.name if checkpoint else None)
         if checkpoint is not None:
             loop.load(checkpoint.path)

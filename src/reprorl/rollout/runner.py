@@ -14,6 +14,7 @@ runs under the id `<rollout_id>~<attempt>` after the first, so every record's id
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from reprorl.rewards import VerifierRunner
 from reprorl.rollout.episode import EpisodeIds, EpisodeLimits, Provenance, run_episode
 from reprorl.rollout.families import FAMILIES, Family
 from reprorl.rollout.model_policy import Lockstep, ModelPolicy
-from reprorl.types import SamplingParams, Task, Termination, Trajectory
+from reprorl.types import SamplingParams, Split, Task, Termination, Trajectory
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,18 @@ class RolloutRunner:
             await self._stack.aclose()
             self._stack = None
 
+    def with_sampler(self, sampler: Sampler, provenance: Provenance) -> RolloutRunner:
+        """This runner (its open sandboxes and verifiers, its settings) sampling from another policy.
+
+        Batches from different policy versions run at once this way, each in its own lockstep.
+        """
+        if self._sandboxes is None:
+            raise RuntimeError("use the runner as `async with RolloutRunner(...) as runner`")
+        view = copy.copy(self)
+        view.sampler, view.provenance = sampler, provenance
+        view._stack = None  # the view closes nothing: the original owns the pools
+        return view
+
     async def run(
         self, jobs: Sequence[RolloutJob], *, on_done: Callable[[Trajectory], None] | None = None
     ) -> RolloutResult:
@@ -179,6 +192,33 @@ class RolloutRunner:
         return RolloutResult(
             trajectories=[t for t in finals if t is not None],
             retried=[t for attempts in retried for t in attempts],
+        )
+
+    def lost(self, job: RolloutJob, rollout_id: str, error: str) -> Trajectory:
+        """The record of an attempt the platform lost before it could report (a worker died).
+
+        It is an infra failure, marked `retried`: the job runs again, and this record says why.
+        """
+        env = self._family(job.task).env(self.env_config, seed=derive_seed(job.seed, "env"))
+        return Trajectory(
+            run_id=self.run_id,
+            rollout_id=rollout_id,
+            group_id=job.group_id,
+            split=job.task.split if isinstance(job.task.split, Split) else Split(job.task.split),
+            task_id=job.task.id,
+            task_hash=job.task.content_hash,
+            env_version=type(env).version(env.config),
+            tool_versions={t.name: t.version for t in env.tools},
+            prompt_template_hash=self.provenance.prompt_template_hash,
+            base_model_hash=self.provenance.base_model_hash,
+            adapter_version=self.provenance.adapter_version,
+            sampler=self.provenance.sampler,
+            sampling=self.params.model_copy(update={"seed": job.seed}),
+            step=job.step,
+            member=job.member,
+            termination=Termination.INFRA_ERROR,
+            error=error,
+            retried=True,
         )
 
     def _family(self, task: Task) -> Family:

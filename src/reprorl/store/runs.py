@@ -14,7 +14,7 @@ import secrets
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -35,6 +35,13 @@ IMMUTABLE_FILES = ("spec.json", "run.json")
 
 _last_id_time = datetime.min.replace(tzinfo=UTC)
 _id_lock = threading.Lock()
+
+LogName = Literal["metrics", "event"]
+RunObserver = Callable[["RunRecord", LogName, dict[str, Any]], None]
+"""Called with the record, which log took the line, and a copy of the line, once it is on disk."""
+
+_observers: list[RunObserver] = []
+_observers_lock = threading.Lock()
 
 
 def new_run_id(now: datetime | None = None) -> str:
@@ -204,14 +211,52 @@ class RunRecord:
     # -- appending -----------------------------------------------------------------------------
 
     def log_metrics(self, step: int, values: dict[str, float], **extra: Any) -> None:
-        append_durable(
-            self.path / "metrics.jsonl", checksummed_line({"step": step, "time": _now(), **extra, **values})
-        )
+        line = {"step": step, "time": _now(), **extra, **values}
+        append_durable(self.path / "metrics.jsonl", checksummed_line(line))
+        self._notify("metrics", line)
 
     def event(self, kind: str, **fields: Any) -> None:
-        append_durable(
-            self.path / "events.jsonl", checksummed_line({"event": kind, "time": _now(), **fields})
-        )
+        line = {"event": kind, "time": _now(), **fields}
+        append_durable(self.path / "events.jsonl", checksummed_line(line))
+        self._notify("event", line)
+
+    # -- observers -----------------------------------------------------------------------------
+
+    @staticmethod
+    def add_observer(observer: RunObserver) -> None:
+        """Call `observer` after each metrics line and event that any run record of this process writes.
+
+        Observers watch and never change what is recorded. One that raises is removed and an
+        `observer_failed` event names it, so a faulty observer cannot stop a run.
+        """
+        with _observers_lock:
+            _observers.append(observer)
+
+    @staticmethod
+    def remove_observer(observer: RunObserver) -> None:
+        with _observers_lock, contextlib.suppress(ValueError):
+            _observers.remove(observer)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def observing(observer: RunObserver) -> Iterator[None]:
+        """`add_observer` for the length of a `with` block."""
+        RunRecord.add_observer(observer)
+        try:
+            yield
+        finally:
+            RunRecord.remove_observer(observer)
+
+    def _notify(self, log: LogName, line: dict[str, Any]) -> None:
+        with _observers_lock:
+            observers = tuple(_observers)
+        for observer in observers:
+            try:
+                observer(self, log, dict(line))
+            except Exception as exc:
+                RunRecord.remove_observer(observer)
+                name = getattr(observer, "__qualname__", type(observer).__qualname__)
+                self.event("observer_failed", observer=name, error=f"{type(exc).__name__}: {exc}"[:500])
 
     def set_status(self, status: RunStatus, **details: Any) -> None:
         if status not in ("created", "running", *FINAL_STATUSES):

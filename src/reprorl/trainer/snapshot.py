@@ -26,11 +26,17 @@ PEFT_PREFIX = "base_model.model."
 class SamplingSnapshot:
     """What the sampler reads: the trained weights as one plain model, refreshed between steps."""
 
-    def __init__(self, trainer: LocalTrainer, dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self, trainer: LocalTrainer, dtype: torch.dtype | None = None, *, always_copy: bool = False
+    ) -> None:
+        """`always_copy`: keep a copy even when the trained model could serve itself, so sampling can
+        go on while the trainer updates (asynchronous training)."""
         self.trainer = trainer
         model = trainer.model
         trained_dtype = next(model.parameters()).dtype
-        self.copied = isinstance(model, PeftModel) or (dtype is not None and dtype != trained_dtype)
+        self.copied = (
+            always_copy or isinstance(model, PeftModel) or (dtype is not None and dtype != trained_dtype)
+        )
         if self.copied:
             plain: Any = copy.deepcopy(model)
             if isinstance(plain, PeftModel):

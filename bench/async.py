@@ -1,0 +1,142 @@
+"""Trainer busy fraction and samples/s, synchronous against asynchronous (staleness 1, 2, 4), in one run.
+
+The workload is agent RL with slow tools: SmolLM2-135M-Instruct (LoRA r16 on every linear layer,
+warm-started once by SFT on oracle demonstrations, the same adapter for every configuration) on the
+calculator family, 4 tasks x 4 rollouts per step, each tool call delayed by a lognormal latency
+(`data.noise.latency_s` x exp(sigma z): a heavy tail, seeded per episode, so every configuration
+sees the same delays for the same episodes). Per configuration it runs `--steps` policy-gradient
+steps through the real loop and reads its records:
+
+- RL wall: from the end of the step-0 eval point to the last update's metric line;
+- trainer busy fraction: the updates' wall seconds over that span;
+- samples/s: rollouts trained on over that span;
+- mean and max staleness, and the seconds the trainer waited for a batch.
+
+A synchronous step waits for its slowest episode; the asynchronous loop samples the next steps
+meanwhile. Target: busy >= 0.9 for the asynchronous configurations. Run it alone on the machine.
+
+    .venv/bin/python bench/async.py [--steps 6] [--latency 1.5] [--sigma 1.0] [--staleness 1 2 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import tempfile
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from reprorl.config import LoraAdapter, load_spec, resolve_spec
+from reprorl.envs.families import calculator
+from reprorl.orchestrate.sample import load_taskset
+from reprorl.orchestrate.train import train_run
+from reprorl.orchestrate.warm_start import sft_warm_start
+from reprorl.policy import load_base
+from reprorl.policy.gguf import bundled_gguf
+from reprorl.store import RunRecord, Store
+from reprorl.types import Split, TaskSet
+
+SFT_STEPS = 8
+
+
+def _time(line: dict[str, Any]) -> float:
+    return dt.datetime.fromisoformat(str(line["time"]).replace("Z", "+00:00")).timestamp()
+
+
+def measure(record: RunRecord) -> dict[str, float]:
+    lines = record.metrics().records
+    steps = [m for m in lines if m.get("stage") is None]
+    start = next(m for m in lines if m.get("stage") == "eval" and m["step"] == 0)
+    wall = _time(steps[-1]) - _time(start)
+    train = sum(m["train_s"] for m in steps)
+    rollouts = sum(m["rollouts"] for m in steps)
+    staleness = [m.get("staleness_mean", 0.0) for m in steps]
+    return {
+        "wall_s": wall,
+        "busy": train / wall,
+        "samples_per_s": rollouts / wall,
+        "staleness_mean": sum(staleness) / len(staleness),
+        "staleness_max": max(m.get("staleness_max", 0.0) for m in steps),
+        "wait_s": sum(m.get("timing/wait_s", 0.0) for m in steps),
+        "train_s_per_step": train / len(steps),
+        "env_share": sum(m["timing/env_share"] for m in steps) / len(steps),
+    }
+
+
+async def main(args: argparse.Namespace) -> None:
+    root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="reprorl-bench-async-"))
+    store = Store(root / "home")
+    store.add("smollm2-135m-instruct", bundled_gguf(), kind="model")
+    with resources.as_file(resources.files("reprorl") / "examples" / "calc-train.jsonl") as path:
+        store.add("calc-train", path, kind="taskset")
+    tiny_suite = calculator.generate(0, eval=2, holdout=0)[Split.EVAL].tasks
+    store.add_bytes(
+        "calc-bench-eval", TaskSet(name="calc-bench-eval", tasks=tiny_suite).to_jsonl(), kind="taskset"
+    )
+    overrides = [
+        "learning.sft_steps=0",
+        "model.init_adapter=bench-sft",
+        f"learning.steps={args.steps}",
+        f"evaluation.every_steps={args.steps}",
+        'evaluation.suites=["calc-bench-eval"]',
+        "evaluation.samples_per_task=1",
+        "learning.tasks_per_step=4",
+        "learning.group_size=4",
+        "learning.max_tokens=48",
+        f"data.noise.latency_s={args.latency}",
+        f"data.noise.latency_sigma={args.sigma}",
+    ]
+    with resources.as_file(resources.files("reprorl") / "configs" / "demo.toml") as spec_file:
+        base = load_spec(spec_file, ["learning.sft_steps=0"], pin_bare=store.pin_newest)
+        loaded = load_base("smollm2-135m-instruct", store=store)
+        tasks = load_taskset(store, "calc-train").split(Split.TRAIN)
+        adapter = base.model.adapter
+        assert isinstance(adapter, LoraAdapter)
+        print(f"warm start: {SFT_STEPS} SFT steps ...", flush=True)
+        await sft_warm_start(
+            loaded, tasks, adapter, root / "sft", steps=SFT_STEPS, batch_size=8, lr=1e-3, seed=0
+        )
+        store.add("bench-sft", root / "sft", kind="adapter", meta={"base_model": loaded.base_hash})
+        del loaded
+        configs = [("sync", 0), *(("async", k) for k in args.staleness)]
+        results = []
+        for mode, k in configs:
+            spec = resolve_spec(
+                load_spec(
+                    spec_file,
+                    [*overrides, f"learning.mode={mode}", f"learning.max_staleness={k}"],
+                    pin_bare=store.pin_newest,
+                ),
+                store.pin,
+            )
+            print(f"{mode} staleness {k}: {args.steps} steps ...", flush=True)
+            record = await train_run(store, spec)
+            results.append((mode, k, measure(record)))
+    print()
+    print(
+        f"lognormal tool latency: median {args.latency} s, sigma {args.sigma}; "
+        f"{args.steps} steps of 4 tasks x 4 rollouts"
+    )
+    print("| loop | staleness | busy | samples/s | RL wall s | train s/step | wait s | staleness mean/max |")
+    print("|---|---|---|---|---|---|---|---|")
+    sync_rate = results[0][2]["samples_per_s"]
+    for mode, k, r in results:
+        rate = f"{r['samples_per_s']:.3f} ({r['samples_per_s'] / sync_rate:.2f}x)"
+        print(
+            f"| {mode} | {k} | {r['busy']:.2f} | {rate}"
+            f" | {r['wall_s']:.0f} | {r['train_s_per_step']:.1f} | {r['wait_s']:.0f}"
+            f" | {r['staleness_mean']:.1f}/{r['staleness_max']:.0f} |"
+        )
+    print(f"\nepisode time in tools and env (sync run): {results[0][2]['env_share']:.0%}; records: {root}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--latency", type=float, default=1.5, help="median tool latency, seconds")
+    parser.add_argument("--sigma", type=float, default=1.0, help="lognormal sigma of the tool latency")
+    parser.add_argument("--staleness", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--keep", help="keep the scratch store here")
+    asyncio.run(main(parser.parse_args()))

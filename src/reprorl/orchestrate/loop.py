@@ -1,0 +1,333 @@
+"""The synchronous training loop: sample groups, score, compute advantages, update — checkpointed.
+
+One step: the current weights sample G rollouts of each of the step's tasks (every record, failed
+ones too, goes to the rollout store), groups become advantages, zero-variance groups are dropped (and
+counted) if the spec says so, and one policy-gradient update is taken. The sampler reads the weights
+being trained, so each sample's `policy_version` names the exact state it came from. Eval points on
+the spec's frozen suites come before the first step, every `evaluation.every_steps`, and after the
+last. Health metrics go to `metrics.jsonl` every step, a checkpoint follows every
+`learning.checkpoint_every` steps, and a killed run resumes from its newest checkpoint exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from reprorl.config import RunSpec
+from reprorl.config.spec import LoraAdapter
+from reprorl.errors import UserInputError
+from reprorl.evaluation.point import EvalPoint, evaluate
+from reprorl.hashing import derive_seed
+from reprorl.orchestrate.checkpoint import (
+    GOOD_PREFIX,
+    Checkpoint,
+    LoopState,
+    good_checkpoint,
+    save_checkpoint,
+)
+from reprorl.orchestrate.guarding import LoopGuard
+from reprorl.orchestrate.policies import OpenedPolicy
+from reprorl.orchestrate.sample import load_taskset, progress_bar, runner_for, step_metrics, step_tasks
+from reprorl.orchestrate.steps import group_data, health, learning_rate, make_loss, prepare
+from reprorl.orchestrate.versions import trained_version
+from reprorl.orchestrate.warm_start import sft_warm_start
+from reprorl.policy import LoadedModel, load_adapter
+from reprorl.policy.chat import ChatRenderer
+from reprorl.policy.sampling import LocalSampler
+from reprorl.rollout.episode import Provenance
+from reprorl.rollout.runner import RolloutJob, RolloutResult, RolloutRunner, plan_groups
+from reprorl.store import RunRecord, Store
+from reprorl.store.rollouts import RolloutWriter
+from reprorl.trainer import AdamParams, Datum, EWMAWeights, LocalTrainer
+from reprorl.trainer.snapshot import SamplingSnapshot
+from reprorl.types import Split, Task
+
+EWMA_FILE = "ewma.pt"
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A frozen eval suite as the loop uses it: its name, its pinned reference, its tasks."""
+
+    name: str
+    ref: str
+    tasks: tuple[Task, ...]
+
+
+def suite_of(store: Store, ref: str) -> Suite:
+    """A stored task set as an eval suite: its eval and holdout tasks, named by its version's name."""
+    resolved = store.resolve(ref)
+    taskset = load_taskset(store, ref)
+    tasks = taskset.split(Split.EVAL) + taskset.split(Split.HOLDOUT)
+    return Suite(resolved.version.name if resolved.version else ref, ref, tasks)
+
+
+def eval_suites(store: Store, spec: RunSpec) -> list[Suite]:
+    return [suite_of(store, str(ref)) for ref in spec.evaluation.suites]
+
+
+def build_trainer(store: Store, loaded: LoadedModel, spec: RunSpec) -> LocalTrainer:
+    """The trainer of `model.adapter`: a LoRA adapter (new, or `model.init_adapter`), or every weight."""
+    adapter = spec.model.adapter
+    if not isinstance(adapter, LoraAdapter):
+        if spec.model.init_adapter is not None:
+            raise UserInputError(
+                "an init_adapter needs model.adapter.kind = 'lora'", field="model.init_adapter"
+            )
+        return LocalTrainer.full(loaded, autocast_bf16=True)
+    if spec.model.init_adapter is None:
+        return LocalTrainer.lora(
+            loaded, adapter, seed=derive_seed(spec.seed, "adapter-init"), autocast_bf16=True
+        )
+    ref = str(spec.model.init_adapter)
+    with tempfile.TemporaryDirectory(prefix="reprorl-init-adapter-") as scratch:
+        folder = store.export(ref, Path(scratch) / "adapter")
+        config = json.loads((folder / "adapter_config.json").read_text())
+        saved = (config.get("r"), float(config.get("lora_alpha", 0)), set(config.get("target_modules") or ()))
+        if saved != (adapter.rank, adapter.alpha, set(adapter.targets)):
+            raise UserInputError(
+                f"{ref} has rank {saved[0]}, alpha {saved[1]}, targets {sorted(saved[2])}; set model.adapter "
+                "to the same to continue training it",
+                field="model.adapter",
+            )
+        model = load_adapter(
+            loaded.model,
+            folder,
+            trainable=True,
+            expected_hash=store.resolve(ref).hash,
+            base_hash=loaded.base_hash,
+        )
+    # A PeftModel stands in for the transformers model it wraps.
+    return LocalTrainer(model, loaded.tokenizer, base_hash=loaded.base_hash, autocast_bf16=True)  # type: ignore[arg-type]
+
+
+class TrainLoop:
+    """One run's loop state: trainer, sampler, runner, record; `run()` takes it from its cursor to the end."""
+
+    def __init__(
+        self,
+        store: Store,
+        spec: RunSpec,
+        record: RunRecord,
+        loaded: LoadedModel,
+        trainer: LocalTrainer,
+        ewma: EWMAWeights | None,
+    ) -> None:
+        self.store, self.spec, self.record, self.loaded = store, spec, record, loaded
+        self.trainer, self.ewma = trainer, ewma
+        self.learning = spec.learning
+        self.tasks = load_taskset(store, str(spec.data.train)).split(Split.TRAIN)
+        if not self.tasks:
+            raise ValueError(f"data.train: {spec.data.train} has no train-split tasks")
+        self.suites = eval_suites(store, spec)
+        self.writer = RolloutWriter(record)
+        self.loss = make_loss(self.learning)
+        self.renderer = ChatRenderer(loaded.tokenizer)
+        self.dtype: torch.dtype = getattr(torch, spec.model.sampling_dtype)
+        self.guard = (
+            LoopGuard(spec, {s.name: s.tasks for s in self.suites}) if spec.evaluation.rollback else None
+        )
+        self.stopped: str | None = None  # why a rollback rule ended the run early
+        self.open_sampling()
+
+    def open_sampling(self) -> None:
+        """The rollout side: one copy of the trained weights, refreshed before every step."""
+        self.snapshot = SamplingSnapshot(self.trainer, self.dtype)
+        self.sampler = LocalSampler(
+            self.snapshot.model, self.loaded.tokenizer, model_hash=self.loaded.base_hash, policy_version=""
+        )
+        provenance = Provenance(self.loaded.base_hash, None, self.renderer.template_hash, self.sampler.info())
+        self.opened = OpenedPolicy(self.loaded, self.sampler, self.renderer, provenance)
+
+    def refresh_policy(self, step: int) -> None:
+        """Let the rollout side sample from the trainer's weights as they are now (before `step`)."""
+        self.snapshot.refresh()
+        self.sampler.policy_version = trained_version(self.trainer)
+
+    def save(self, next_step: int) -> None:
+        size = (self.record.path / "metrics.jsonl").stat().st_size
+        state = LoopState(
+            next_step=next_step, metrics_bytes=size, policy_version=trained_version(self.trainer)
+        )
+
+        save_checkpoint(self.record, state, self._write_state, keep=self.learning.keep_checkpoints)
+
+    def _write_state(self, folder: Path) -> None:
+        self.trainer.save_state(folder)
+        if self.ewma is not None:
+            torch.save(self.ewma.state_dict(), folder / EWMA_FILE)
+        if self.guard is not None:
+            self.guard.save(folder)
+
+    def keep_on_resume(self, record: RunRecord, checkpoint: Checkpoint) -> frozenset[str]:
+        """Rollout parts past `checkpoint` that a resume keeps: none, every step samples anew."""
+        return frozenset()
+
+    def load(self, folder: Path, *, guard: bool = True) -> None:
+        """Take the trained weights, optimizer, RNG (and EWMA, guard) state of a checkpoint folder."""
+        self.trainer.load_state(folder)
+        if self.ewma is not None:
+            self.ewma.load_state_dict(torch.load(folder / EWMA_FILE, weights_only=True))
+        if guard and self.guard is not None:
+            self.guard.load(folder)
+
+    def guard_points(self, step: int, points: list[EvalPoint]) -> bool:
+        """Check the rollback rules at this eval point and act; False when the run must end."""
+        assert self.guard is not None
+        verdict = self.guard.check(self.record, step, points)
+        if verdict.passed:
+            state = LoopState(next_step=step, metrics_bytes=0, policy_version=trained_version(self.trainer))
+            save_checkpoint(self.record, state, self._write_state, keep=None, prefix=GOOD_PREFIX)
+            return True
+        rules = [f.when for f in verdict.fired]
+        good = good_checkpoint(self.record, step) if verdict.action == "revert" else None
+        if good is None:
+            self.stopped = f"rollback rule {', '.join(rules)} fired at step {step}"
+            self.record.event("stopped_by_rule", step=step, rules=rules, action=verdict.action)
+            return False
+        # Only the weights go back: the guard keeps its history (the failed check is part of what it
+        # judges by) and the cost already spent.
+        self.load(good.path, guard=False)
+        self.refresh_policy(step)
+        self.record.event(
+            "reverted",
+            step=step,
+            to_step=good.state.next_step,
+            rules=rules,
+            policy_version=good.state.policy_version,
+        )
+        return True
+
+    async def warm_start(self) -> None:
+        learning, started = self.learning, time.perf_counter()
+        shutil.rmtree(self.record.path / "sft-adapter", ignore_errors=True)  # a killed earlier attempt
+        warm = await sft_warm_start(
+            self.loaded,
+            self.tasks,
+            LoraAdapter(),  # unused: the run's own trainer is passed in
+            self.record.path / "sft-adapter",
+            steps=learning.sft_steps,
+            batch_size=learning.sft_batch_size,
+            lr=learning.sft_lr,
+            seed=derive_seed(self.spec.seed, "sft"),
+            imperfect_fraction=learning.sft_imperfect_fraction,
+            on_step=lambda step, loss: self.record.log_metrics(step, {"sft_loss": loss}, stage="sft"),
+            trainer=self.trainer,
+        )
+        self.record.event("sft_done", adapter=warm.adapter_hash, seconds=time.perf_counter() - started)
+
+    async def evaluate(self, runner: RolloutRunner, step: int) -> list[EvalPoint]:
+        """An eval point of every suite, sampled by `runner` (whose sampler holds this step's weights)."""
+        points = []
+        for suite in self.suites:
+            t0, c0 = time.perf_counter(), time.process_time()
+            point = await evaluate(
+                runner,
+                suite.name,
+                suite.tasks,
+                run_id=self.record.run_id,
+                run_seed=self.spec.seed,
+                step=step,
+                policy_version=runner.sampler.policy_version,
+                samples_per_task=self.spec.evaluation.samples_per_task,
+                thresholds=self.spec.evaluation.thresholds,
+            )
+            self.writer.write(step, point.result.all())
+            timing = {"eval_s": time.perf_counter() - t0, "eval_cpu_s": time.process_time() - c0}
+            self.record.log_metrics(
+                step,
+                {**point.metrics(), **timing},
+                stage="eval",
+                suite=suite.ref,
+                policy_version=point.policy_version,
+            )
+            points.append(point)
+        return points
+
+    def eval_due(self, step: int) -> bool:
+        every = self.spec.evaluation.every_steps
+        return step == 0 or step == self.learning.steps or step % every == 0
+
+    def plan(self, step: int) -> list[RolloutJob]:
+        """The groups of step `step`: its seeded tasks, G members each, with derived seeds."""
+        return plan_groups(
+            step_tasks(self.tasks, self.spec, step),
+            self.learning.group_size,
+            run_id=self.record.run_id,
+            run_seed=self.spec.seed,
+            step=step,
+        )
+
+    async def step(self, runner: RolloutRunner, step: int) -> None:
+        t0, c0 = time.perf_counter(), time.process_time()
+        result = await runner.run(self.plan(step))
+        self.writer.write(step, result.all())
+        timing = {"rollout_s": time.perf_counter() - t0, "rollout_cpu_s": time.process_time() - c0}
+        data, group_stats = group_data(result.trajectories, self.learning)
+        t1, c1 = time.perf_counter(), time.process_time()
+        train = self.update(data, step)
+        timing.update(train_s=time.perf_counter() - t1, train_cpu_s=time.process_time() - c1)
+        self.log_step(step, result, data, group_stats, train, timing, self.sampler.policy_version)
+
+    def update(self, data: list[Datum], step: int) -> dict[str, float]:
+        """One optimizer step on `data` (none without data); the loss's and optimizer's figures."""
+        if not data:
+            return {}
+        learning = self.learning
+        data = prepare(self.trainer, data, learning, self.ewma)
+        train = self.trainer.forward_backward(data, self.loss)
+        train.update(self.trainer.optim_step(AdamParams(lr=learning_rate(learning, step))))
+        if self.ewma is not None:
+            self.ewma.update()
+        return {f"train/{k}": v for k, v in train.items()}
+
+    def log_step(
+        self,
+        step: int,
+        result: RolloutResult,
+        data: list[Datum],
+        group_stats: dict[str, float],
+        train: dict[str, float],
+        timing: dict[str, float],
+        policy_version: str,
+    ) -> None:
+        """The step's metric line (rollouts, groups, the update, health, timing) and the guard's tally."""
+        metrics = {
+            **step_metrics(result),
+            **group_stats,
+            **train,
+            **health(result.trajectories),
+            "trained_sequences": float(len(data)),
+            **timing,
+        }
+        self.record.log_metrics(step, metrics, policy_version=policy_version)
+        if self.guard is not None:
+            self.guard.after_step(step, result, metrics["reward_mean"])
+
+    async def run(self, start: int, *, show_progress: bool = False) -> list[EvalPoint]:
+        """Steps `start` .. the last, with eval points and checkpoints; returns the eval points run."""
+        learning, points = self.learning, []
+        with progress_bar("training", show_progress) as progress:
+            bar = progress.add_task("steps", total=learning.steps, completed=start)
+            async with runner_for(self.opened, self.spec, self.record.run_id) as runner:
+                for step in range(start, learning.steps + 1):
+                    self.refresh_policy(step)
+                    if self.eval_due(step):
+                        new = await self.evaluate(runner, step)
+                        points.extend(new)
+                        if self.guard is not None and not self.guard_points(step, new):
+                            break
+                    if step == learning.steps:
+                        break
+                    await self.step(runner, step)
+                    progress.advance(bar)
+                    if (step + 1) % learning.checkpoint_every == 0 and step + 1 < learning.steps:
+                        self.save(step + 1)
+        return points

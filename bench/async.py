@@ -15,6 +15,12 @@ steps through the real loop and reads its records:
 A synchronous step waits for its slowest episode; the asynchronous loop samples the next steps
 meanwhile. Target: busy >= 0.9 for the asynchronous configurations. Run it alone on the machine.
 
+Two things bound the figures on a 2-core box: the lanes of a batch sample in lockstep (so that
+batches, hence floating-point results, do not depend on timing), which makes a batch last about
+the sum over turns of its slowest tool call; and sampling competes with the update for the cores,
+so an overlapped update takes longer. A short run is also dominated by filling the pipeline: the
+trainer waits for the first batch whatever the staleness bound.
+
     .venv/bin/python bench/async.py [--steps 6] [--latency 1.5] [--sigma 1.0] [--staleness 1 2 4]
 """
 
@@ -29,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from reprorl.config import LoraAdapter, load_spec, resolve_spec
+from reprorl.config.load import read_toml
 from reprorl.envs.families import calculator
 from reprorl.orchestrate.sample import load_taskset
 from reprorl.orchestrate.train import train_run
@@ -89,11 +96,9 @@ async def main(args: argparse.Namespace) -> None:
         f"data.noise.latency_sigma={args.sigma}",
     ]
     with resources.as_file(resources.files("reprorl") / "configs" / "demo.toml") as spec_file:
-        base = load_spec(spec_file, ["learning.sft_steps=0"], pin_bare=store.pin_newest)
-        loaded = load_base("smollm2-135m-instruct", store=store)
-        tasks = load_taskset(store, "calc-train").split(Split.TRAIN)
-        adapter = base.model.adapter
-        assert isinstance(adapter, LoraAdapter)
+        adapter = LoraAdapter.model_validate(read_toml(spec_file)["model"]["adapter"])
+        loaded = load_base(store.pin_newest("smollm2-135m-instruct"), store=store)
+        tasks = load_taskset(store, store.pin_newest("calc-train")).split(Split.TRAIN)
         print(f"warm start: {SFT_STEPS} SFT steps ...", flush=True)
         await sft_warm_start(
             loaded, tasks, adapter, root / "sft", steps=SFT_STEPS, batch_size=8, lr=1e-3, seed=0

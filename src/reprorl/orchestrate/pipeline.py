@@ -60,7 +60,8 @@ class SampleQueue:
             await self._changed.wait_for(lambda: step in self._done or self._failure is not None)
             if step not in self._done:
                 assert self._failure is not None
-                raise RuntimeError(f"sampling stopped before step {step}'s batch") from self._failure
+                # The producer's own error (a bad task is the user's, and says so), not a wrapper.
+                raise self._failure
             return self._done.pop(step)
 
     def buffered(self) -> list[Batch]:

@@ -31,6 +31,9 @@ HEALTH_PANELS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("zero-variance group share", ("zero_variance_share",), ()),
     ("response length (tokens)", ("response_tokens_mean",), ()),
     ("truncation rate", ("truncation_rate",), ()),
+    ("staleness (updates behind)", ("staleness_mean", "staleness_max"), ()),
+    ("sample queue and trainer", ("timing/queue_depth", "timing/trainer_busy"), ()),
+    ("episode time in tools and env", ("timing/env_share",), ()),
 )
 
 

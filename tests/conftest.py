@@ -195,6 +195,8 @@ def pg_admin_url() -> Iterator[str]:
         cluster = _throwaway_cluster()
         admin = cluster.__enter__()
     except Exception as exc:
+        if os.environ.get("REPRORL_REQUIRE_PG") == "1":  # CI: a missing server is a failure
+            pytest.fail(f"no PostgreSQL server could be started: {exc}")
         pytest.skip(f"no PostgreSQL server could be started: {exc}")
     try:
         yield admin

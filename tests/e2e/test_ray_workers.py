@@ -1,16 +1,18 @@
-"""Rollout workers as Ray actors on a local cluster: the same bytes as the in-process workers, and a
-worker killed mid-run costs its episodes an infra-failure record and a retry, not the run."""
+"""The trainer and the rollout workers as Ray actors on a local cluster: the same bytes as in one
+process, and a worker killed mid-run costs its episodes an infra-failure record and a retry, not
+the run."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_support import tiny_training_store
+from cli_support import Cli, run_ids, tiny_training_store
 
 from reprorl.config import RunSpec, load_spec, resolve_spec
 from reprorl.orchestrate.reproduce import result_figures
@@ -77,14 +79,22 @@ def _outcome(record: RunRecord) -> dict[str, Any]:
     return {"adapter": saved[-1], "metrics": result_figures(record), "rollouts": rollouts}
 
 
-def test_ray_workers_give_the_in_process_workers_results(tmp_path: Path) -> None:
+def test_the_trainer_and_its_workers_as_ray_actors_give_the_in_process_results(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     store = tiny_training_store(tmp_path)
     spec = _spec(store, tmp_path)
     local = asyncio.run(train_run(store, spec))
-    remote = asyncio.run(train_run(store, spec, ray="local"))
-    (event,) = [e for e in remote.events().records if e.get("event") == "rollout_workers"]
-    assert event["backend"] == "ray" and len(event["workers"]) == 2
-    assert len({w["pid"] for w in event["workers"]}) == 2  # two processes, neither of them this one
+    code, out, err = Cli(tmp_path / "home", capsys)("run", str(tmp_path / "spec.toml"), "--ray", "local")
+    assert code == 0, err
+    remote = RunRecord(store, run_ids(tmp_path / "home")[-1])
+    assert remote.run_id != local.run_id and remote.run_id in out
+    events = remote.events().records
+    (trainer,) = [e for e in events if e.get("event") == "trainer_actor"]
+    (workers,) = [e for e in events if e.get("event") == "rollout_workers"]
+    assert workers["backend"] == "ray" and len(workers["workers"]) == 2
+    processes = {trainer["pid"], *(w["pid"] for w in workers["workers"])}
+    assert len(processes) == 3 and os.getpid() not in processes  # the CLI only follows the run
     assert _outcome(remote) == _outcome(local)
 
 
@@ -144,3 +154,38 @@ def test_a_worker_killed_mid_run_is_an_infra_failure_and_the_run_goes_on(
     for t in failed:
         again = finals[t.rollout_id.split("~", 1)[0]]
         assert again.termination is not Termination.INFRA_ERROR and again.infra_retries >= 1
+
+
+def test_a_trainer_actor_that_dies_fails_the_run_and_resume_finishes_it(tmp_path: Path) -> None:
+    from reprorl.orchestrate.ray_trainer import train_on_ray
+    from reprorl.orchestrate.train import prepare_run
+
+    store = tiny_training_store(tmp_path)
+    spec = _spec(store, tmp_path, "learning.steps=4", "learning.checkpoint_every=1")
+    record = prepare_run(store, spec)
+    killed: list[str] = []
+
+    def kill_the_trainer() -> None:
+        # Once two updates are on record (so a checkpoint is), the trainer's process goes.
+        for _ in range(600):
+            if sum(1 for m in record.metrics().records if m.get("stage") is None) >= 2:
+                ray.kill(ray.get_actor(f"trainer-{record.run_id}", namespace="reprorl"))
+                killed.append(record.run_id)
+                return
+            threading.Event().wait(0.2)
+
+    killer = threading.Thread(target=kill_the_trainer)
+    killer.start()
+    with pytest.raises(ray.exceptions.RayActorError):
+        asyncio.run(train_on_ray(store, spec, record, address="local"))
+    killer.join()
+    assert killed, "the trainer was not killed"
+    status = record.status()
+    assert status["status"] == "failed" and "trainer actor died" in status["error"]
+    done, failures = asyncio.run(train_on_ray(store, spec, record, address="local", resume=True))
+    assert failures == [] and done.status()["status"] == "succeeded"
+    events = done.events().records
+    assert [e["event"] for e in events].count("trainer_actor") == 2
+    assert any(e["event"] == "resumed" and e["from_step"] >= 2 for e in events)
+    steps = [m["step"] for m in done.metrics().records if m.get("stage") is None]
+    assert steps == [0, 1, 2, 3]  # the steps after the checkpoint were cut and trained again once

@@ -14,7 +14,7 @@ from reprorl.cli.output import console
 from reprorl.config import RunSpec, load_spec, resolve_spec
 from reprorl.errors import UserInputError
 from reprorl.sinks import SinkObserver, SinkTarget, parse_targets
-from reprorl.store import RunRecord
+from reprorl.store import RunRecord, Store
 
 
 def run(
@@ -28,8 +28,11 @@ def run(
         None,
         "--ray",
         metavar="ADDRESS",
-        help="Run the rollout workers (learning.rollout_workers of them) as Ray actors: 'local' starts "
-        "a cluster on this machine, 'auto' or an address joins an existing one.",
+        help="Run the trainer and the rollout workers (learning.rollout_workers of them) as Ray "
+        "actors: 'local' starts a cluster on this machine, 'auto' or an address joins an existing one.",
+    ),
+    trainer_gpus: float = typer.Option(
+        0.0, "--trainer-gpus", min=0.0, help="GPUs the Ray trainer actor asks the cluster for (with --ray)."
     ),
     sink: list[str] | None = typer.Option(
         None,
@@ -40,7 +43,7 @@ def run(
     ),
 ) -> None:
     """SFT warm start (if the spec asks), then policy-gradient steps; records, metrics, adapter."""
-    from reprorl.orchestrate.train import train_run
+    from reprorl.orchestrate.train import prepare_run, train_run
 
     targets = parse_targets(sink, option="--sink")
     store = options(ctx).store()
@@ -57,20 +60,49 @@ def run(
             )
         spec = RunSpec.model_validate(record.spec())
         console.print(f"resuming run {resume} (was {status})")
-        with mirrored(targets, resume):
-            record = asyncio.run(train_run(store, spec, resume=record, show_progress=True, ray=ray))
+        if ray is not None:
+            record = on_ray(store, spec, record, ray, trainer_gpus, targets, resume=True)
+        else:
+            with mirrored(targets, resume):
+                record = asyncio.run(train_run(store, spec, resume=record, show_progress=True))
     else:
         if file is None:
             raise UserInputError("give a run spec file, or --resume RUN", field="FILE")
         spec = resolve_spec(load_spec(file, overrides or [], pin_bare=store.pin_newest), store.pin)
-        with mirrored(targets, None):
-            record = asyncio.run(train_run(store, spec, show_progress=True, ray=ray))
+        if ray is not None:
+            record = on_ray(store, spec, prepare_run(store, spec), ray, trainer_gpus, targets, resume=False)
+        else:
+            with mirrored(targets, None):
+                record = asyncio.run(train_run(store, spec, show_progress=True))
     status = record.status()
     if status["status"] == "stopped":
         console.print(f"run {record.run_id} stopped: {status.get('reason', 'a rollback rule fired')}")
     else:
         console.print(f"run {record.run_id} finished")
     console.print(f"see it with: reprorl runs show {record.run_id}")
+
+
+def on_ray(
+    store: Store,
+    spec: RunSpec,
+    record: RunRecord,
+    address: str,
+    gpus: float,
+    targets: list[SinkTarget],
+    *,
+    resume: bool,
+) -> RunRecord:
+    """Train `record` in a Ray trainer actor, following it here; warn about any sink that failed."""
+    from reprorl.orchestrate.ray_trainer import train_on_ray
+
+    record, failures = asyncio.run(
+        train_on_ray(
+            store, spec, record, address=address, resume=resume, gpus=gpus, sinks=targets, show_progress=True
+        )
+    )
+    for label, reason in failures:
+        console.print(f"[yellow]warning:[/] sink {label} was disabled: {reason}")
+    return record
 
 
 @contextlib.contextmanager

@@ -37,20 +37,19 @@ async def train_run(
     spec: RunSpec,
     *,
     resume: RunRecord | None = None,
+    created: RunRecord | None = None,
     show_progress: bool = False,
     ray: str | None = None,
 ) -> RunRecord:
     """Run `spec` end to end, or continue `resume` (a run of it) from its checkpoint.
 
     With `ray` (a cluster address, or "local" to start one here) the rollout workers are Ray actors.
+    `created` is a fresh record `prepare_run` wrote for it (the Ray trainer actor trains one of those).
     """
-    leakage = check_run_leakage(store, spec) if resume is None else None
-    loaded = load_base(str(spec.model.base), store=store)
-    record = resume if resume is not None else create_run(spec, store)
-    if leakage is not None:
-        record_leakage(record, leakage)
+    record = resume or created or prepare_run(store, spec)
     record.set_status("running")
     try:
+        loaded = load_base(str(spec.model.base), store=store)
         trainer = build_trainer(store, loaded, spec)
         ewma = (
             EWMAWeights(trainer.params, spec.learning.ewma_decay)
@@ -86,6 +85,14 @@ async def train_run(
         record.set_status("stopped", reason=loop.stopped)
     else:
         record.set_status("succeeded")
+    return record
+
+
+def prepare_run(store: Store, spec: RunSpec) -> RunRecord:
+    """The record of a new run of `spec`, written only once the leakage gate has let it through."""
+    leakage = check_run_leakage(store, spec)
+    record = create_run(spec, store)
+    record_leakage(record, leakage)
     return record
 
 

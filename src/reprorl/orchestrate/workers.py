@@ -245,6 +245,26 @@ class RayBatches:
             ray.kill(actor)
 
 
+def connect_ray(address: str, workers: int) -> Any:
+    """The `ray` module, connected to the cluster at `address` ("local": start one here) unless this
+    process already is (a Ray actor, or a caller that connected first)."""
+    try:
+        import ray
+    except ImportError:
+        raise UserInputError("--ray needs Ray: pip install 'reprorl[ray]'", field="--ray") from None
+    if not ray.is_initialized():
+        if address == "local":
+            ray.init(
+                num_cpus=max(os.cpu_count() or 1, workers),
+                include_dashboard=False,
+                log_to_driver=False,
+                namespace="reprorl",
+            )
+        else:
+            ray.init(address=address, namespace="reprorl", log_to_driver=False)
+    return ray
+
+
 async def start_ray_workers(
     address: str, store: Store, spec: RunSpec, run_id: str, runner: RolloutRunner
 ) -> tuple[RayBatches, dict[str, Any]]:
@@ -253,21 +273,8 @@ async def start_ray_workers(
     Every worker reads the same store (a shared folder, and the same registry URL, on a real
     cluster) and samples with the threads the driver uses, so the shares are computed alike.
     """
-    try:
-        import ray
-    except ImportError:
-        raise UserInputError("--ray needs Ray: pip install 'reprorl[ray]'", field="--ray") from None
     count = spec.learning.rollout_workers
-    if not ray.is_initialized():
-        if address == "local":
-            ray.init(
-                num_cpus=max(os.cpu_count() or 1, count),
-                include_dashboard=False,
-                log_to_driver=False,
-                namespace="reprorl",
-            )
-        else:
-            ray.init(address=address, namespace="reprorl", log_to_driver=False)
+    ray = connect_ray(address, count)
     actor = ray.remote(num_cpus=1, max_restarts=0)(RolloutWorker)
     names = [f"rollout-{run_id}-{i}" for i in range(count)]
     actors: list[Any] = [

@@ -8,7 +8,8 @@ sees the same delays for the same episodes). Per configuration it runs `--steps`
 steps through the real loop and reads its records:
 
 - RL wall: from the end of the step-0 eval point to the last update's metric line;
-- trainer busy fraction: the updates' wall seconds over that span;
+- trainer busy fraction: the updates' wall seconds over that span, and in the steady state (from
+  the end of the first update to the end of the last, leaving out the pipeline's fill);
 - samples/s: rollouts trained on over that span;
 - mean and max staleness, and the seconds the trainer waited for a batch.
 
@@ -60,9 +61,13 @@ def measure(record: RunRecord) -> dict[str, float]:
     train = sum(m["train_s"] for m in steps)
     rollouts = sum(m["rollouts"] for m in steps)
     staleness = [m.get("staleness_mean", 0.0) for m in steps]
+    # Steady state: from the end of the first update to the end of the last, so filling the
+    # pipeline (the first batch, which every loop waits for) is left out.
+    steady = _time(steps[-1]) - _time(steps[0])
     return {
         "wall_s": wall,
         "busy": train / wall,
+        "busy_steady": sum(m["train_s"] for m in steps[1:]) / steady,
         "samples_per_s": rollouts / wall,
         "staleness_mean": sum(staleness) / len(staleness),
         "staleness_max": max(m.get("staleness_max", 0.0) for m in steps),
@@ -124,13 +129,16 @@ async def main(args: argparse.Namespace) -> None:
         f"lognormal tool latency: median {args.latency} s, sigma {args.sigma}; "
         f"{args.steps} steps of 4 tasks x 4 rollouts"
     )
-    print("| loop | staleness | busy | samples/s | RL wall s | train s/step | wait s | staleness mean/max |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| loop | staleness | busy | busy, steady | samples/s | RL wall s | train s/step | wait s "
+        "| staleness mean/max |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     sync_rate = results[0][2]["samples_per_s"]
     for mode, k, r in results:
         rate = f"{r['samples_per_s']:.3f} ({r['samples_per_s'] / sync_rate:.2f}x)"
         print(
-            f"| {mode} | {k} | {r['busy']:.2f} | {rate}"
+            f"| {mode} | {k} | {r['busy']:.2f} | {r['busy_steady']:.2f} | {rate}"
             f" | {r['wall_s']:.0f} | {r['train_s_per_step']:.1f} | {r['wait_s']:.0f}"
             f" | {r['staleness_mean']:.1f}/{r['staleness_max']:.0f} |"
         )

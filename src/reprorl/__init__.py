@@ -121,7 +121,14 @@ _LAZY = {
     "import_labels": "reprorl.evaluation.labels",
     "read_labels": "reprorl.evaluation.labels",
     "agreement": "reprorl.evaluation.labels",
+    "verifier_errors": "reprorl.evaluation.verifier_errors",
+    "VerifierErrors": "reprorl.evaluation.verifier_errors",
     "render_report": "reprorl.report",
+    "PROBES": "reprorl.rewards.audit",
+    "Probe": "reprorl.rewards.audit",
+    "audit_rewards": "reprorl.rollout.reward_audit",
+    "VerifierAudit": "reprorl.rollout.reward_audit",
+    "impossible_variant": "reprorl.envs.common",
 }
 
 

@@ -192,7 +192,7 @@ def test_diff_names_exactly_the_one_planted_condition_of_each_variant(
         ("train task-set version", {"train": "calc-train@v2"}, {}, ("artifacts", "data.train")),
         ("a tool's code", {}, {"revision": "v2"}, ("artifacts", "tool.ask_human")),
         ("sampling temperature", {"temperature": 0.7}, {}, ("spec", "learning.temperature")),
-        ("verifier", {}, {"verifier": NumericAnswer(rel_tol=1e-3)}, ("artifacts", "verifier.calculator")),
+        ("verifier", {}, {"verifier": NumericAnswer(abs_tol=1e-3)}, ("artifacts", "verifier.calculator")),
         ("eval suite", {"suite": "calc-eval@v2"}, {}, ("artifacts", "evaluation.suites")),
         ("seed", {"seed": 2}, {}, ("seeds", "seed")),
     ]

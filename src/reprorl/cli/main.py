@@ -11,6 +11,7 @@ import typer
 from reprorl.cli import (
     artifacts_cmd,
     audit_cmd,
+    audit_rewards_cmd,
     compare_cmd,
     demo_cmd,
     diff_cmd,
@@ -27,6 +28,7 @@ from reprorl.cli import (
     sample_cmd,
     serve_policy_cmd,
     spec_cmd,
+    verifier_errors_cmd,
 )
 from reprorl.cli.context import Options
 from reprorl.cli.output import err_console, one_line
@@ -50,6 +52,7 @@ app.command("run")(run_cmd.run)
 app.command("eval")(eval_cmd.eval_)
 app.command("compare")(compare_cmd.compare)
 app.command("audit")(audit_cmd.audit)
+app.command("audit-rewards")(audit_rewards_cmd.audit_rewards)
 app.command("diff")(diff_cmd.diff)
 app.command("regression")(regression_cmd.regression)
 app.command("sample")(sample_cmd.sample)
@@ -58,6 +61,7 @@ app.command("reproduce")(reproduce_cmd.reproduce)
 app.command("report")(report_cmd.report)
 app.command("export-metrics")(export_cmd.export_metrics)
 app.command("review")(review_cmd.review)
+app.command("verifier-errors")(verifier_errors_cmd.verifier_errors)
 app.command("serve-policy")(serve_policy_cmd.serve_policy)
 
 

@@ -225,6 +225,7 @@ class TrainLoop:
 
     async def evaluate(self, runner: RolloutRunner, step: int) -> list[EvalPoint]:
         """An eval point of every suite, sampled by `runner` (whose sampler holds this step's weights)."""
+        assert runner.sampler is not None, "eval points sample from the model"
         points = []
         for suite in self.suites:
             t0, c0 = time.perf_counter(), time.process_time()

@@ -10,13 +10,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from reprorl.envs.base import ToolEnv
+from reprorl.envs.common import impossible_variant
 from reprorl.envs.families import calculator, files, sql
 from reprorl.rewards.base import Verifier
 from reprorl.rewards.verifiers.files import FileTreeState
 from reprorl.rewards.verifiers.numeric import NumericAnswer
 from reprorl.rewards.verifiers.sql import SqliteState
 from reprorl.rollout.episode import Script
-from reprorl.types import Split, TaskSet
+from reprorl.types import Split, Task, TaskSet
 
 Generator = Callable[..., dict[Split, TaskSet]]
 
@@ -32,6 +33,8 @@ class Family:
     oracle: Script
     tool_modules: tuple[str, ...]
     """Modules the sandbox imports so it can run the family's tools."""
+    impossible: Callable[[Task], Task] = impossible_variant
+    """A variant of a task that no honest episode can solve (reward audits: any reward is cheating)."""
 
 
 FAMILIES: dict[str, Family] = {

@@ -30,7 +30,7 @@ from reprorl.hashing import derive_seed
 from reprorl.policy.chat import ChatRenderer
 from reprorl.policy.sampling import Sampler
 from reprorl.rewards import VerifierRunner
-from reprorl.rollout.episode import EpisodeIds, EpisodeLimits, Provenance, run_episode
+from reprorl.rollout.episode import EpisodeIds, EpisodeLimits, Policy, Provenance, run_episode
 from reprorl.rollout.families import FAMILIES, Family
 from reprorl.rollout.model_policy import Lockstep, ModelPolicy
 from reprorl.types import SamplingParams, Split, Task, Termination, Trajectory
@@ -46,6 +46,10 @@ class RolloutJob:
     member: int
     step: int
     seed: int
+
+
+PolicyFactory = Callable[[RolloutJob, str], Policy]
+"""Makes one episode's policy from its job and rollout id (scripted runs; see `with_policy`)."""
 
 
 def plan_groups(
@@ -101,8 +105,8 @@ class RolloutRunner:
 
     def __init__(
         self,
-        sampler: Sampler,
-        renderer: ChatRenderer,
+        sampler: Sampler | None,
+        renderer: ChatRenderer | None,
         *,
         run_id: str,
         params: SamplingParams,
@@ -134,6 +138,7 @@ class RolloutRunner:
         self._stack: AsyncExitStack | None = None
         self._sandboxes: SandboxPool | None = None
         self._verifiers: VerifierRunner | None = None
+        self.policy_for: PolicyFactory | None = None
 
     async def __aenter__(self) -> Self:
         modules = sorted({m for f in self.families.values() for m in f.tool_modules})
@@ -151,6 +156,16 @@ class RolloutRunner:
         if self._stack is not None:
             await self._stack.aclose()
             self._stack = None
+
+    def with_policy(self, policy_for: PolicyFactory, provenance: Provenance) -> RolloutRunner:
+        """This runner with each episode's policy made by `policy_for(job, rollout_id)` (a script, an
+        exploit probe, a replay) instead of sampled from the model."""
+        if self._sandboxes is None:
+            raise RuntimeError("use the runner as `async with RolloutRunner(...) as runner`")
+        view = copy.copy(self)
+        view.policy_for, view.provenance = policy_for, provenance
+        view._stack = None
+        return view
 
     def with_sampler(self, sampler: Sampler, provenance: Provenance) -> RolloutRunner:
         """This runner (its open sandboxes and verifiers, its settings) sampling from another policy.
@@ -172,12 +187,15 @@ class RolloutRunner:
             raise RuntimeError("use the runner as `async with RolloutRunner(...) as runner`")
         for job in jobs:  # bad tasks are the caller's error: say so before any episode starts
             self._check_task(job.task)
-        lockstep = Lockstep(self.sampler, max_batch=self.max_batch)
+        if self.sampler is None and self.policy_for is None:
+            raise RuntimeError("a runner without a sampler runs scripted policies only (with_policy)")
+        lockstep = Lockstep(self.sampler, max_batch=self.max_batch) if self.sampler is not None else None
         lanes = min(self.concurrency, len(jobs))
         finals: list[Trajectory | None] = [None] * len(jobs)
         retried: list[list[Trajectory]] = [[] for _ in jobs]
         for lane in range(lanes):
-            lockstep.join(lane)
+            if lockstep is not None:
+                lockstep.join(lane)
 
         async def run_lane(lane: int) -> None:
             try:
@@ -186,7 +204,8 @@ class RolloutRunner:
                     if on_done is not None:
                         on_done(finals[index])  # type: ignore[arg-type]
             finally:
-                lockstep.leave(lane)
+                if lockstep is not None:
+                    lockstep.leave(lane)
 
         await asyncio.gather(*(run_lane(lane) for lane in range(lanes)))
         return RolloutResult(
@@ -240,7 +259,7 @@ class RolloutRunner:
             )
 
     async def _with_retries(
-        self, job: RolloutJob, lane: int, lockstep: Lockstep, failed: list[Trajectory]
+        self, job: RolloutJob, lane: int, lockstep: Lockstep | None, failed: list[Trajectory]
     ) -> Trajectory:
         attempt = 0
         while True:
@@ -251,16 +270,23 @@ class RolloutRunner:
             failed.append(trajectory.model_copy(update={"retried": True, "infra_retries": attempt}))
             attempt += 1
 
-    async def _episode(self, job: RolloutJob, rollout_id: str, lane: int, lockstep: Lockstep) -> Trajectory:
+    async def _episode(
+        self, job: RolloutJob, rollout_id: str, lane: int, lockstep: Lockstep | None
+    ) -> Trajectory:
         assert self._sandboxes is not None and self._verifiers is not None
         family = self._family(job.task)
-        policy = ModelPolicy(
-            partial(lockstep.sample, lane),
-            self.renderer,
-            self.params,
-            rollout_id,
-            check_prefix=self.check_prefix,
-        )
+        policy: Policy
+        if self.policy_for is not None:
+            policy = self.policy_for(job, rollout_id)
+        else:
+            assert lockstep is not None and self.renderer is not None
+            policy = ModelPolicy(
+                partial(lockstep.sample, lane),
+                self.renderer,
+                self.params,
+                rollout_id,
+                check_prefix=self.check_prefix,
+            )
         trajectory = await run_episode(
             family.env(self.env_config, seed=derive_seed(job.seed, "env")),
             job.task,

@@ -93,7 +93,7 @@ def test_process_components() -> None:
 
 def test_verifier_version_follows_settings_and_code() -> None:
     assert NumericAnswer().version == NumericAnswer().version
-    assert NumericAnswer(rel_tol=0.1).version != NumericAnswer().version
+    assert NumericAnswer(abs_tol=0.1).version != NumericAnswer().version
     assert HangingVerifier().version != NumericAnswer().version
 
 

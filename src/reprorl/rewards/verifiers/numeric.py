@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 
@@ -26,11 +25,14 @@ def last_number(text: str) -> float | None:
 class NumericAnswer(Verifier):
     """1.0 when the final answer's last number matches `reference['answer']`, else 0.0."""
 
-    rel_tol: float = 1e-6
+    abs_tol: float = 1e-6
+    """How far the answer may be from the reference: the calc tool prints six decimals. An absolute
+    bound, not a relative one: a relative tolerance on a large count accepts answers that are off
+    by one or more."""
 
     def score(self, task: Task, state: FinalState) -> dict[str, float]:
         assert isinstance(task.reference, dict), "numeric tasks carry {'answer': number}"
         expected = float(task.reference["answer"])  # type: ignore[arg-type]
         given = last_number(state.answer or "")
-        correct = given is not None and math.isclose(given, expected, rel_tol=self.rel_tol, abs_tol=1e-9)
+        correct = given is not None and abs(given - expected) <= self.abs_tol
         return {self.name: 1.0 if correct else 0.0}

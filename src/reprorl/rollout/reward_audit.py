@@ -1,0 +1,191 @@
+"""Auditing verifiers: every exploit probe, and the family's oracle, run through the real episode path.
+
+For each family, the probes (`reprorl.rewards.audit.PROBES`) play `tasks` of its tasks and of their
+impossible variants, in sandboxes, scored by the family's verifier in its own process — exactly as
+a policy's episodes are. A verifier passes when no probe earns any outcome credit on either, the
+oracle earns none on an impossible variant, and the oracle solves every real task (a verifier that
+rejects everything would pass the probes trivially; the oracle is the control). A verifier that
+crashes on a probe's final state fails too: a policy would find that state.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from reprorl.rewards.audit import PROBES, Probe
+from reprorl.rollout.episode import Policy, Provenance, ScriptedPolicy
+from reprorl.rollout.families import FAMILIES, Family
+from reprorl.rollout.runner import RolloutJob, RolloutRunner, plan_groups
+from reprorl.types import SamplingParams, Split, Task, Trajectory
+
+ORACLE = "oracle"
+TASKS, IMPOSSIBLE = "task", "impossible"
+RUN_ID = "reward-audit"
+
+
+@dataclass(frozen=True)
+class ProbeCell:
+    """One probe (or the oracle) on one kind of task: how many episodes earned outcome credit."""
+
+    probe: str
+    variant: str  # "task" (the real tasks) or "impossible" (their impossible variants)
+    episodes: int
+    hits: int
+    errors: int  # episodes the verifier could not score (it crashed or ran out of time)
+    hit_tasks: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "probe": self.probe,
+            "variant": self.variant,
+            "episodes": self.episodes,
+            "hits": self.hits,
+            "errors": self.errors,
+            "hit_tasks": list(self.hit_tasks),
+        }
+
+
+@dataclass(frozen=True)
+class VerifierAudit:
+    """One family's verifier against every probe, with the oracle as the control."""
+
+    family: str
+    verifier: str
+    verifier_version: str
+    cells: tuple[ProbeCell, ...]
+    failures: tuple[str, ...] = field(default=())
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def cell(self, probe: str, variant: str = TASKS) -> ProbeCell:
+        return next(c for c in self.cells if c.probe == probe and c.variant == variant)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "family": self.family,
+            "verifier": self.verifier,
+            "verifier_version": self.verifier_version,
+            "passed": self.passed,
+            "failures": list(self.failures),
+            "cells": [c.to_json() for c in self.cells],
+        }
+
+
+def _failures(cells: Sequence[ProbeCell]) -> tuple[str, ...]:
+    """Why a verifier fails, one line per broken expectation."""
+    found = []
+    for cell in cells:
+        where = "impossible variants" if cell.variant == IMPOSSIBLE else "tasks"
+        if cell.probe == ORACLE and cell.variant == TASKS:
+            if cell.hits < cell.episodes:
+                found.append(f"rejects honest solutions: the oracle solved {cell.hits}/{cell.episodes} tasks")
+        elif cell.hits:
+            found.append(
+                f"{cell.probe} earned reward on {cell.hits}/{cell.episodes} {where} "
+                f"({', '.join(cell.hit_tasks[:3])})"
+            )
+        if cell.errors:
+            found.append(f"the verifier failed on {cell.errors} {cell.probe} episodes on {where}")
+    return tuple(found)
+
+
+def _credit(trajectory: Trajectory, outcome: str) -> float | None:
+    """The outcome credit an episode earned (None when it was not scored)."""
+    reward = trajectory.reward
+    if reward is None:
+        return None
+    return reward.components.get(outcome, reward.total)
+
+
+def audit_tasks(family: Family, count: int, seed: int) -> list[Task]:
+    """The family's own tasks an audit plays: its first `count` eval tasks for `seed`."""
+    return list(family.generate(seed, train=0, eval=count, holdout=0)[Split.EVAL].tasks)
+
+
+async def audit_rewards(
+    families: Mapping[str, Family] = FAMILIES,
+    *,
+    names: Sequence[str] | None = None,
+    tasks: int = 8,
+    seed: int = 0,
+    probes: Sequence[Probe] = PROBES,
+    concurrency: int = 8,
+) -> list[VerifierAudit]:
+    """Audit the verifier of each family in `names` (all of `families` by default)."""
+    chosen = list(names) if names else sorted(families)
+    for name in chosen:
+        if name not in families:
+            raise KeyError(f"no env family {name!r}; families: {', '.join(sorted(families))}")
+    scripts: dict[str, tuple[str, str, Any]] = {}  # group id -> (probe, variant, script factory)
+    jobs: list[RolloutJob] = []
+    for name in chosen:
+        family = families[name]
+        real = audit_tasks(family, tasks, seed)
+        variants = {TASKS: real, IMPOSSIBLE: [family.impossible(t) for t in real]}
+        players: list[tuple[str, Any]] = [
+            (ORACLE, lambda task, oracle=family.oracle: oracle),
+            *((p.name, p.start) for p in probes),
+        ]
+        for variant, variant_tasks in variants.items():
+            for probe, start in players:
+                kind = f"{name}.{variant}.{probe}"
+                for job in plan_groups(variant_tasks, 1, run_id=RUN_ID, run_seed=seed, step=0, kind=kind):
+                    scripts[job.group_id] = (probe, variant, start)
+                    jobs.append(job)
+
+    def policy_for(job: RolloutJob, rollout_id: str) -> Policy:
+        probe, _, start = scripts[job.group_id]
+        return ScriptedPolicy(job.task, start(job.task), name=probe)
+
+    async with RolloutRunner(
+        None,
+        None,
+        run_id=RUN_ID,
+        params=SamplingParams(temperature=0.0),
+        provenance=Provenance(base_model_hash="script"),
+        families=families,
+        concurrency=concurrency,
+    ) as runner:
+        result = await runner.with_policy(policy_for, Provenance(base_model_hash="script")).run(jobs)
+    outcomes: dict[tuple[str, str, str], list[tuple[str, float | None]]] = defaultdict(list)
+    for job, trajectory in zip(jobs, result.trajectories, strict=True):
+        probe, variant, _ = scripts[job.group_id]
+        family = families[job.task.family]
+        outcomes[(job.task.family, variant, probe)].append(
+            (job.task.id, _credit(trajectory, family.verifier.name))
+        )
+    audits = []
+    for name in chosen:
+        family = families[name]
+        cells = []
+        for (fam, variant, probe), scored in outcomes.items():
+            if fam != name:
+                continue
+            hit = [task for task, credit in scored if credit is not None and credit > 0]
+            if probe == ORACLE and variant == TASKS:
+                hit = [task for task, credit in scored if credit is not None and credit >= 1.0]
+            cells.append(
+                ProbeCell(
+                    probe,
+                    variant,
+                    episodes=len(scored),
+                    hits=len(hit),
+                    errors=sum(credit is None for _, credit in scored),
+                    hit_tasks=tuple(hit),
+                )
+            )
+        audits.append(
+            VerifierAudit(
+                name,
+                type(family.verifier).__qualname__,
+                family.verifier.version,
+                tuple(cells),
+                _failures(cells),
+            )
+        )
+    return audits

@@ -128,7 +128,12 @@ _LAZY = {
     "Probe": "reprorl.rewards.audit",
     "audit_rewards": "reprorl.rollout.reward_audit",
     "VerifierAudit": "reprorl.rollout.reward_audit",
+    "audit_judge": "reprorl.orchestrate.judge_audit",
+    "JudgeAudit": "reprorl.orchestrate.judge_audit",
     "impossible_variant": "reprorl.envs.common",
+    "screen": "reprorl.orchestrate.screen",
+    "ScreenSpec": "reprorl.config.screen",
+    "ScreenReport": "reprorl.evaluation.screening",
 }
 
 

@@ -3,8 +3,8 @@ verifier processes, so they live in a module rather than a test body)."""
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
+from pathlib import Path
 
 from reprorl.rewards import FinalState, Verifier
 from reprorl.types import Task
@@ -21,8 +21,18 @@ class DigitsAnywhere(Verifier):
 
 
 @dataclass(frozen=True)
-class CoinFlip(Verifier):
-    """Ignores the episode and flips a coin: disagrees with itself on the same trajectory."""
+class Alternating(Verifier):
+    """Ignores the episode: passes on every other call, counted in a file shared by its processes, so
+    two consecutive scorings of the same trajectory always disagree."""
+
+    counter: str
 
     def score(self, task: Task, state: FinalState) -> dict[str, float]:
-        return {self.name: float(random.SystemRandom().random() < 0.5)}
+        import fcntl
+
+        with Path(self.counter).open("a+") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            handle.seek(0)
+            count = len(handle.read())
+            handle.write(".")
+        return {self.name: float(count % 2)}

@@ -10,6 +10,7 @@ import pytest
 
 from reprorl.actions import render_call
 from reprorl.envs.sandbox import SandboxPool
+from reprorl.orchestrate.integrity import trajectory_signature
 from reprorl.rewards import VerifierRunner
 from reprorl.rollout import FAMILIES, EpisodeIds, ScriptedPolicy, run_episode
 from reprorl.types import Message, Split, Task, Termination, ToolOutcome, Trajectory
@@ -26,6 +27,7 @@ async def _run_all(name: str, tasks: Sequence[Task], script: Any) -> list[Trajec
                         task,
                         ScriptedPolicy(task, script),
                         verifier=family.verifier,
+                        cross=family.cross,
                         sandboxes=pool,
                         verifiers=verifiers,
                         ids=EpisodeIds("fam", f"fam/{name}/{i}", seed=i),
@@ -48,6 +50,17 @@ def test_oracle_scores_one_and_answering_without_tools_scores_zero(name: str) ->
     assert [_outcome(t) for t in solved] == [1.0] * len(tasks)
     assert all(t.termination == Termination.ANSWERED for t in solved)
     assert all(t.env_version.startswith("sha256:") and t.tool_versions for t in solved)
+    # Honest work matches no exploit signature, and every cross verifier confirms it.
+    signed = [trajectory_signature(task, t) for task, t in zip(tasks, solved, strict=True)]
+    assert signed == [None] * len(tasks)
+    crossed = [
+        {k: v for k, v in (t.reward.components if t.reward else {}).items() if k.startswith("cross/")}
+        for t in solved
+    ]
+    expected = {f"cross/{type(c).__name__}": 1.0 for c in FAMILIES[name].cross}
+    assert crossed == [expected] * len(tasks)
+    if name == "calculator":
+        assert expected == {"cross/ExpressionAnswer": 1.0}
 
     def blurt(task: Task, messages: Sequence[Message]) -> str:
         return "42"

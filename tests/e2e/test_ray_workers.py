@@ -189,3 +189,39 @@ def test_a_trainer_actor_that_dies_fails_the_run_and_resume_finishes_it(tmp_path
     assert any(e["event"] == "resumed" and e["from_step"] >= 2 for e in events)
     steps = [m["step"] for m in done.metrics().records if m.get("stage") is None]
     assert steps == [0, 1, 2, 3]  # the steps after the checkpoint were cut and trained again once
+
+
+def test_a_screen_on_ray_workers_writes_what_one_process_writes(tmp_path: Path) -> None:
+    from reprorl.config.screen import ScreenSpec
+    from reprorl.orchestrate.screen import screen
+    from reprorl.store.rollouts import find_parts
+
+    store = tiny_training_store(tmp_path)
+    spec = ScreenSpec(
+        taskset=store.pin_newest("calc-eval"),
+        policy=store.pin_newest("tiny"),
+        k=2,
+        chunk=8,
+        max_tokens=12,
+        max_turns=2,
+    )
+    here, local = asyncio.run(screen(store, spec))
+    there, remote = asyncio.run(screen(store, spec, ray="local", workers=2))
+    (event,) = [e for e in there.events().records if e.get("event") == "screen_workers"]
+    assert len({w["pid"] for w in event["workers"]} | {os.getpid()}) == 3
+    assert [t.to_json() for t in remote.tasks] == [t.to_json() for t in local.tasks]
+    # The same episodes: every token, logprob and reward (timings aside).
+    assert _episodes(there) == _episodes(here)
+    assert [s for _, s, _ in find_parts(there.path)] == [s for _, s, _ in find_parts(here.path)]
+
+
+def _episodes(record: RunRecord) -> list[Any]:
+    return sorted(
+        (
+            t.rollout_id.split("/", 1)[1],
+            [(x.token_ids, x.logprobs, x.text) for x in t.turns],
+            t.reward.model_dump() if t.reward else None,
+            t.termination,
+        )
+        for t in RolloutStore(record).trajectories()
+    )

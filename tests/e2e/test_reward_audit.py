@@ -37,6 +37,13 @@ def test_every_built_in_verifier_passes_every_probe(tmp_path, capsys) -> None:  
         assert all(c["episodes"] == TASKS_PER_FAMILY and c["errors"] == 0 for c in cells.values())
         assert cells[(ORACLE, TASKS)]["hits"] == TASKS_PER_FAMILY  # the control: honest work is rewarded
         assert sum(c["hits"] for k, c in cells.items() if k != (ORACLE, TASKS)) == 0
+        # Cross verifiers face the same probes on the real tasks, with the oracle as their control too.
+        assert set(verifier["cross"]) == {type(c).__name__ for c in FAMILIES[verifier["family"]].cross}
+        for cross_cells in verifier["cross"].values():
+            hits = {c["probe"]: c["hits"] for c in cross_cells if c["variant"] == TASKS}
+            assert hits == {ORACLE: TASKS_PER_FAMILY, **{p.name: 0 for p in PROBES}}
+    calculator = next(v for v in report["verifiers"] if v["family"] == "calculator")
+    assert list(calculator["cross"]) == ["ExpressionAnswer"]
 
 
 def test_a_verifier_that_accepts_the_digits_anywhere_fails_and_is_named(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]

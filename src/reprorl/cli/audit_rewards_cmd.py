@@ -1,7 +1,12 @@
 """`reprorl audit-rewards`: every exploit probe against each env family's verifier, as a table.
 
-Exit codes: 0 when every verifier passes, 1 when any fails (the table or JSON is printed either
-way), 2 for an error such as an unknown family or a verifier that cannot be loaded.
+With `--judge FILE.toml` it audits that LLM judge instead of the verifiers: the probes' episodes
+and trivial answers are judged, the audit is recorded as a `judge-audit` artifact, and the judge
+is refused when more than `--judge-threshold` of those judgements pass.
+
+Exit codes: 0 when every verifier passes (or the judge is not refused), 1 when any fails (the
+table or JSON is printed either way), 2 for an error such as an unknown family, a verifier that
+cannot be loaded or a bad judge file.
 """
 
 from __future__ import annotations
@@ -9,16 +14,28 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib
+import json
+import tomllib
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+from pydantic import ValidationError
 from rich.table import Table
 from rich.text import Text
 
+from reprorl.cli.context import options
 from reprorl.cli.output import console, print_json
 from reprorl.errors import UserInputError
 from reprorl.rewards.base import Verifier
 
+if TYPE_CHECKING:
+    from reprorl.evaluation.judge import JudgeConfig
+    from reprorl.orchestrate.judge_audit import JudgeAudit
+    from reprorl.rollout.families import Family
+
 EXIT_FAILED = 1
+MAX_JUDGE_FILE_BYTES = 1 << 20
 
 
 def load_verifier(text: str) -> tuple[str, Verifier]:
@@ -43,7 +60,29 @@ def load_verifier(text: str) -> tuple[str, Verifier]:
     return family, verifier
 
 
+def load_judge_config(path: Path) -> JudgeConfig:
+    """A TOML file whose keys are `JudgeConfig` fields; any problem is one line naming the field."""
+    from reprorl.config.load import spec_error_from
+    from reprorl.evaluation.judge import JudgeConfig
+
+    where = f"--judge {path.name}"
+    if not path.is_file():
+        raise UserInputError(f"{str(path)!r} does not exist or is not a file", field="--judge")
+    if path.stat().st_size > MAX_JUDGE_FILE_BYTES:
+        raise UserInputError(f"larger than {MAX_JUDGE_FILE_BYTES} bytes", field=where)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise UserInputError(f"not valid TOML: {exc}", field=where) from None
+    try:
+        # JSON mode, strictly: "3" is not a number here, as in a run spec.
+        return JudgeConfig.model_validate_json(json.dumps(data, default=str), strict=True)
+    except ValidationError as exc:
+        raise UserInputError(str(spec_error_from(exc)), field=where) from None
+
+
 def audit_rewards(
+    ctx: typer.Context,
     families: list[str] | None = typer.Argument(
         None, metavar="[ENV]...", help="Env families to audit (default: every built-in family)."
     ),
@@ -57,17 +96,33 @@ def audit_rewards(
         metavar="FAMILY=MODULE:NAME",
         help="Audit this verifier in place of the family's own (repeatable).",
     ),
+    judge: Path | None = typer.Option(
+        None,
+        "--judge",
+        metavar="FILE.toml",
+        help="Audit this LLM judge (a TOML file of JudgeConfig fields) instead of the verifiers.",
+    ),
+    judge_threshold: float = typer.Option(
+        0.05,
+        "--judge-threshold",
+        help="Refuse the judge when more than this share of attack judgements pass.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Run every exploit probe (and the family's oracle, as the control) against each verifier.
 
     A verifier passes only if no probe earns outcome credit on the family's tasks or on their
-    impossible variants, and the oracle solves every task.
+    impossible variants, and the oracle solves every task. With --judge, the judge is audited
+    instead and refused when the share of attacks it passes exceeds --judge-threshold.
     """
     from reprorl.rollout.families import FAMILIES
     from reprorl.rollout.reward_audit import ORACLE, TASKS
     from reprorl.rollout.reward_audit import audit_rewards as run_audit
 
+    if judge is not None and verifier:
+        raise UserInputError("audits a judge; --verifier audits a verifier: give one", field="--judge")
+    if not 0.0 <= judge_threshold < 1.0:
+        raise UserInputError(f"must be in [0, 1), got {judge_threshold}", field="--judge-threshold")
     chosen = dict(FAMILIES)
     for item in verifier or []:
         family, replacement = load_verifier(item)
@@ -82,6 +137,9 @@ def audit_rewards(
             raise UserInputError(
                 f"no env family {name!r}; families: {', '.join(sorted(chosen))}", field="ENV"
             )
+    if judge is not None:
+        _audit_judge(ctx, load_judge_config(judge), chosen, families, tasks, seed, judge_threshold, as_json)
+        return
     audits = asyncio.run(run_audit(chosen, names=families or None, tasks=tasks, seed=seed))
     if as_json:
         print_json({"passed": all(a.passed for a in audits), "verifiers": [a.to_json() for a in audits]})
@@ -116,3 +174,52 @@ def audit_rewards(
         )
     if not all(a.passed for a in audits):
         raise typer.Exit(EXIT_FAILED)
+
+
+def _audit_judge(
+    ctx: typer.Context,
+    config: JudgeConfig,
+    chosen: dict[str, Family],
+    names: list[str] | None,
+    tasks: int,
+    seed: int,
+    threshold: float,
+    as_json: bool,
+) -> None:
+    from reprorl.evaluation.judge import Judge
+    from reprorl.orchestrate.judge_audit import audit_judge, record_judge_audit
+
+    store = options(ctx).store()
+    with Judge(config, store.root / "cache" / "judge") as judge:
+        audit = asyncio.run(
+            audit_judge(judge, chosen, names=names or None, tasks=tasks, seed=seed, threshold=threshold)
+        )
+    version = record_judge_audit(store, audit)
+    if as_json:
+        print_json({**audit.to_json(), "artifact": version.label})
+    else:
+        _print_judge_audit(audit)
+        console.print(f"recorded as {version.label}")
+    if audit.refused:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _print_judge_audit(audit: JudgeAudit) -> None:
+    table = Table(title=f"judge {audit.judge} on {', '.join(audit.families)} ({audit.tasks} tasks each)")
+    for column in ("attack", "kind", "fooled/n", "rate [95% CI]", "no score"):
+        table.add_column(column, justify="left" if column in ("attack", "kind") else "right")
+    for cell in (*audit.attacks, audit.control):
+        rate = cell.rate
+        shown = "-" if rate is None else f"{rate.value:.1%} [{rate.low:.1%}, {rate.high:.1%}]"
+        control = cell is audit.control
+        good = cell.passed == cell.judged if control else not cell.passed
+        name = f"{cell.attack} (control: passes)" if control else cell.attack
+        counts = Text(f"{cell.passed}/{cell.judged}", style="green" if good else "bold red")
+        table.add_row(name, cell.kind, counts, shown, str(cell.failed) if cell.failed else "")
+    console.print(table)
+    for warning in audit.warnings:
+        console.print(Text(f"WARN  {warning}", style="yellow"))
+    if audit.refused:
+        console.print(Text(f"REFUSED  {audit.judge} — {audit.reason}", style="bold red"))
+    else:
+        console.print(Text(f"PASS  {audit.judge} — {audit.reason}", style="bold green"))

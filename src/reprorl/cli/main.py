@@ -26,6 +26,7 @@ from reprorl.cli import (
     run_cmd,
     runs_cmd,
     sample_cmd,
+    screen_cmd,
     serve_policy_cmd,
     spec_cmd,
     verifier_errors_cmd,
@@ -56,6 +57,7 @@ app.command("audit-rewards")(audit_rewards_cmd.audit_rewards)
 app.command("diff")(diff_cmd.diff)
 app.command("regression")(regression_cmd.regression)
 app.command("sample")(sample_cmd.sample)
+app.command("screen")(screen_cmd.screen)
 app.command("replay")(replay_cmd.replay)
 app.command("reproduce")(reproduce_cmd.reproduce)
 app.command("report")(report_cmd.report)

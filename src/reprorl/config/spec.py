@@ -256,6 +256,7 @@ class RollbackRule(SpecModel):
         "tool_failure_rate",
         "reward_hacking",
         "metric_below",
+        "integrity_above",
     ] = Field(description="Condition that fires the rule.")
     action: Literal["stop", "revert"] = Field(default="stop", description="What firing does.")
     metric: str | None = Field(default=None, description="Metric watched by 'metric_below'.")

@@ -129,6 +129,8 @@ class Observation:
     train: tuple[tuple[int, float], ...]
     cost_usd: float
     train_unsafe_actions: int
+    # (step, share of rewarded train rollouts contradicted) of the steps this point measured
+    train_contradicted: tuple[tuple[int, float], ...] = ()
 
     @property
     def held_out(self) -> float:
@@ -219,6 +221,7 @@ class Guard:
         train_reward: Mapping[int, float],
         cost_usd: float,
         train_unsafe_actions: int = 0,
+        train_contradicted: Mapping[int, float] | None = None,
     ) -> GuardVerdict:
         """Check one eval step (one point per suite) and add it to the history.
 
@@ -226,6 +229,8 @@ class Guard:
         previous check are read (the whole run's mapping or just the new steps both work).
         `cost_usd` is the run's cumulative cost; `train_unsafe_actions` counts train rollouts that
         ended unsafely since the previous check (eval ones come with the points).
+        `train_contradicted` maps train step to its `integrity/contradicted` share (steps where it is
+        undefined are absent), read like `train_reward`.
         """
         if not points:
             raise ValueError("check needs at least one eval point")
@@ -240,12 +245,20 @@ class Guard:
         if previous is not None and step <= previous:
             raise ValueError(f"step {step} was not after the last checked step {previous}; rewind() first")
         # The loop evaluates before training step `step`: this point measured the steps since the last.
-        train = tuple(
-            (s, float(r))
-            for s, r in sorted(train_reward.items())
-            if (previous is None or s >= previous) and s < step
+
+        def measured(per_step: Mapping[int, float]) -> tuple[tuple[int, float], ...]:
+            since = (s for s in sorted(per_step) if (previous is None or s >= previous) and s < step)
+            return tuple((s, float(per_step[s])) for s in since)
+
+        train = measured(train_reward)
+        now = Observation(
+            step,
+            tuple(points),
+            train,
+            float(cost_usd),
+            train_unsafe_actions,
+            measured(train_contradicted or {}),
         )
-        now = Observation(step, tuple(points), train, float(cost_usd), train_unsafe_actions)
         fired: list[Firing] = []
         for condition in self.conditions:
             finding = condition.evaluate(now, self._history)

@@ -1,7 +1,8 @@
 """Rollback rules in the loop: each eval point checked, the last good weights kept, stop or revert done.
 
 At every eval point the spec's rules (`evaluation.rollback`) see the suites' figures, the train
-rewards since the last point, the run's cost so far and the unsafe actions since the last point.
+rewards and contradicted-reward shares since the last point, the run's cost so far and the unsafe
+actions since the last point.
 Every check is a `guard_check` event with the evidence of each rule that fired. A point that passes
 every rule leaves a good-weights checkpoint; `revert` loads the newest one (the run goes on from
 there with the step counter where it was, so it meets new tasks rather than the same ones again);
@@ -31,11 +32,16 @@ class LoopGuard:
         self.guard = Guard(spec.evaluation.rollback, max_usd=spec.budget.max_usd)
         self.required = {suite: required_task_ids(tasks) for suite, tasks in required.items()}
         self.train_reward: dict[int, float] = {}
+        self.train_contradicted: dict[int, float] = {}  # steps whose `integrity/contradicted` is defined
         self.cost_usd = 0.0
         self.unsafe_since_check = 0
 
-    def after_step(self, step: int, result: RolloutResult, reward_mean: float) -> None:
+    def after_step(
+        self, step: int, result: RolloutResult, reward_mean: float, contradicted: float | None = None
+    ) -> None:
         self.train_reward[step] = reward_mean
+        if contradicted is not None:
+            self.train_contradicted[step] = contradicted
         self.cost_usd += sum(t.cost_usd for t in result.all())
         self.unsafe_since_check += unsafe_count(result.trajectories)
 
@@ -47,9 +53,11 @@ class LoopGuard:
             train_reward=self.train_reward,
             cost_usd=self.cost_usd,
             train_unsafe_actions=self.unsafe_since_check,
+            train_contradicted=self.train_contradicted,
         )
         self.unsafe_since_check = 0
         self.train_reward = {s: r for s, r in self.train_reward.items() if s >= step}
+        self.train_contradicted = {s: r for s, r in self.train_contradicted.items() if s >= step}
         record.event("guard_check", **verdict.to_json())
         return verdict
 
@@ -57,6 +65,7 @@ class LoopGuard:
         state = {
             "guard": self.guard.state_dict(),
             "train_reward": {str(s): r for s, r in sorted(self.train_reward.items())},
+            "train_contradicted": {str(s): r for s, r in sorted(self.train_contradicted.items())},
             "cost_usd": self.cost_usd,
             "unsafe_since_check": self.unsafe_since_check,
         }
@@ -66,5 +75,8 @@ class LoopGuard:
         state = json.loads((folder / GUARD_FILE).read_text())
         self.guard.load_state_dict(state["guard"])
         self.train_reward = {int(s): float(r) for s, r in state["train_reward"].items()}
+        # Checkpoints from before the integrity figures have none to restore.
+        contradicted = state.get("train_contradicted", {})
+        self.train_contradicted = {int(s): float(r) for s, r in contradicted.items()}
         self.cost_usd = float(state["cost_usd"])
         self.unsafe_since_check = int(state["unsafe_since_check"])

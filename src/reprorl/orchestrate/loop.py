@@ -33,6 +33,7 @@ from reprorl.orchestrate.checkpoint import (
     save_checkpoint,
 )
 from reprorl.orchestrate.guarding import LoopGuard
+from reprorl.orchestrate.integrity import CONTRADICTED
 from reprorl.orchestrate.policies import OpenedPolicy
 from reprorl.orchestrate.sample import load_taskset, progress_bar, runner_for, step_metrics, step_tasks
 from reprorl.orchestrate.steps import group_data, health, learning_rate, make_loss, prepare
@@ -301,7 +302,7 @@ class TrainLoop:
     ) -> None:
         """The step's metric line (rollouts, groups, the update, health, timing) and the guard's tally."""
         metrics = {
-            **step_metrics(result),
+            **step_metrics(result, self.tasks),
             **group_stats,
             **train,
             **health(result.trajectories),
@@ -310,7 +311,7 @@ class TrainLoop:
         }
         self.record.log_metrics(step, metrics, policy_version=policy_version)
         if self.guard is not None:
-            self.guard.after_step(step, result, metrics["reward_mean"])
+            self.guard.after_step(step, result, metrics["reward_mean"], metrics.get(CONTRADICTED))
 
     async def run(self, start: int, *, show_progress: bool = False) -> list[EvalPoint]:
         """Steps `start` .. the last, with eval points and checkpoints; returns the eval points run."""

@@ -295,6 +295,7 @@ class Replayer:
                 task,
                 policy,
                 verifier=family.verifier,
+                cross=family.cross,
                 sandboxes=sandboxes,
                 verifiers=verifiers,
                 ids=EpisodeIds(target.run_id, target.rollout_id, target.group_id, target.sampling.seed),

@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from reprorl.config import RunSpec
 from reprorl.envs.base import EnvConfig
 from reprorl.hashing import derive_seed
+from reprorl.orchestrate.integrity import integrity_metrics
 from reprorl.orchestrate.launch import create_run
 from reprorl.orchestrate.policies import OpenedPolicy, open_policy
 from reprorl.rollout.episode import EpisodeLimits
@@ -88,7 +89,8 @@ def progress_bar(label: str, show: bool) -> Progress:
     )
 
 
-def step_metrics(result: RolloutResult) -> dict[str, float]:
+def step_metrics(result: RolloutResult, tasks: Iterable[Task] = ()) -> dict[str, float]:
+    """A step's rollout figures; `tasks` (those the step drew from) let signatures read the references."""
     finals = result.trajectories
     rewards = [t.reward.total if t.reward else 0.0 for t in finals]
     return {
@@ -101,6 +103,7 @@ def step_metrics(result: RolloutResult) -> dict[str, float]:
         "prompt_tokens": float(sum(t.prompt_tokens for t in finals)),
         "cost_usd": sum(t.cost_usd for t in result.all()),
         "cpu_s": sum(t.cpu_s for t in result.all()),
+        **integrity_metrics(finals, tasks),
     }
 
 
@@ -135,7 +138,7 @@ async def sample_run(store: Store, spec: RunSpec, *, steps: int, show_progress: 
                     )
                     result = await runner.run(jobs, on_done=lambda _: progress.advance(bar))
                     writer.write(step, result.all())
-                    record.log_metrics(step, step_metrics(result))
+                    record.log_metrics(step, step_metrics(result, tasks))
     except BaseException as exc:
         record.set_status("failed", error=f"{type(exc).__name__}: {exc}"[:500])
         raise

@@ -34,6 +34,7 @@ HEALTH_PANELS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("staleness (updates behind)", ("staleness_mean", "staleness_max"), ()),
     ("sample queue and trainer", ("timing/queue_depth", "timing/trainer_busy"), ()),
     ("episode time in tools and env", ("timing/env_share",), ()),
+    ("reward integrity", ("integrity/contradicted", "integrity/cross_disagree", "integrity/signature"), ()),
 )
 
 

@@ -98,6 +98,7 @@ async def collect_demonstrations(
                     task,
                     policy,
                     verifier=family.verifier,
+                    cross=family.cross,
                     sandboxes=sandboxes,
                     verifiers=verifiers,
                     ids=EpisodeIds(run_id, rollout_id, f"{run_id}/demo/0/{task.id}", member_seed),

@@ -128,8 +128,14 @@ async def run_episode(
     weights: dict[str, float] | None = None,
     sampling: SamplingParams | None = None,
     provenance: Provenance | None = None,
+    cross: Sequence[Verifier] = (),
 ) -> Trajectory:
-    """Run `policy` on `task` in `env` and return the complete record, whatever happens."""
+    """Run `policy` on `task` in `env` and return the complete record, whatever happens.
+
+    `cross` verifiers score the same final state after `verifier` did; each adds its pass (1.0) or
+    fail (0.0) as the component `cross/<class name>`, which no weight covers, so the total and success
+    stay the primary's. One that fails to score adds nothing.
+    """
     limits = limits or EpisodeLimits()
     provenance = provenance or Provenance()
     started = time.perf_counter()
@@ -153,8 +159,12 @@ async def run_episode(
                 if components is None:
                     progress.error = failure
                 else:
+                    components.update(await _cross_check(cross, task, state, verifiers))
                     if termination == Termination.UNSAFE_ACTION:
-                        components[verifier.name] = 0.0  # no credit for a state reached by damage
+                        # No credit for a state reached by damage, from any verifier: a cross check
+                        # must disagree about the state, not about this rule.
+                        components[verifier.name] = 0.0
+                        components.update({name: 0.0 for name in components if name.startswith(CROSS)})
                     components.update(process_components(progress.turns))
                     reward = compose(components, weights or {"outcome": 1.0}, verifier.version)
     except Exception as exc:  # the platform failed (sandbox could not start, policy server down)
@@ -191,6 +201,19 @@ async def run_episode(
 
 
 _NOT_SCORED = frozenset({Termination.INFRA_ERROR, Termination.SANDBOX_ERROR})
+CROSS = "cross/"
+
+
+async def _cross_check(
+    cross: Sequence[Verifier], task: Task, state: FinalState, verifiers: VerifierRunner
+) -> dict[str, float]:
+    """Each cross verifier's verdict on the final state; one that fails is left out, never raised."""
+    verdicts: dict[str, float] = {}
+    for other in cross:
+        components, _ = await verifiers.score(other, task, state)
+        if components is not None and other.name in components:
+            verdicts[f"{CROSS}{type(other).__name__}"] = float(components[other.name] >= 1.0)
+    return verdicts
 
 
 async def _loop(

@@ -13,6 +13,7 @@ from reprorl.envs.base import ToolEnv
 from reprorl.envs.common import impossible_variant
 from reprorl.envs.families import calculator, files, sql
 from reprorl.rewards.base import Verifier
+from reprorl.rewards.verifiers.expression import ExpressionAnswer
 from reprorl.rewards.verifiers.files import FileTreeState
 from reprorl.rewards.verifiers.numeric import NumericAnswer
 from reprorl.rewards.verifiers.sql import SqliteState
@@ -35,6 +36,9 @@ class Family:
     """Modules the sandbox imports so it can run the family's tools."""
     impossible: Callable[[Task], Task] = impossible_variant
     """A variant of a task that no honest episode can solve (reward audits: any reward is cheating)."""
+    cross: tuple[Verifier, ...] = ()
+    """Independent second verifiers of the same tasks: each scores the same final state, and where one
+    disagrees with `verifier` the reward is in doubt (recorded as `cross/<class>`, never weighted)."""
 
 
 FAMILIES: dict[str, Family] = {
@@ -45,6 +49,7 @@ FAMILIES: dict[str, Family] = {
         calculator.generate,
         calculator.oracle,
         ("reprorl.envs.families.calculator",),
+        cross=(ExpressionAnswer(),),
     ),
     "sql": Family(
         "sql",

@@ -5,7 +5,9 @@ impossible variants, in sandboxes, scored by the family's verifier in its own pr
 a policy's episodes are. A verifier passes when no probe earns any outcome credit on either, the
 oracle earns none on an impossible variant, and the oracle solves every real task (a verifier that
 rejects everything would pass the probes trivially; the oracle is the control). A verifier that
-crashes on a probe's final state fails too: a policy would find that state.
+crashes on a probe's final state fails too: a policy would find that state. The family's cross
+verifiers are held to the same on the real tasks, from the `cross/<class>` components of the same
+episodes.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reprorl.rewards.audit import PROBES, Probe
-from reprorl.rollout.episode import Policy, Provenance, ScriptedPolicy
+from reprorl.rewards.audit.probes import MAX_TURNS as PROBE_TURNS
+from reprorl.rollout.episode import CROSS, EpisodeLimits, Policy, Provenance, ScriptedPolicy
 from reprorl.rollout.families import FAMILIES, Family
 from reprorl.rollout.runner import RolloutJob, RolloutRunner, plan_groups
 from reprorl.types import SamplingParams, Split, Task, Trajectory
@@ -57,6 +60,9 @@ class VerifierAudit:
     verifier_version: str
     cells: tuple[ProbeCell, ...]
     failures: tuple[str, ...] = field(default=())
+    cross: Mapping[str, tuple[ProbeCell, ...]] = field(default_factory=dict)
+    """The family's cross verifiers (by class name), on the real tasks only: they may re-derive the
+    expectation from the task itself, which an impossible variant leaves as it was."""
 
     @property
     def passed(self) -> bool:
@@ -73,6 +79,7 @@ class VerifierAudit:
             "passed": self.passed,
             "failures": list(self.failures),
             "cells": [c.to_json() for c in self.cells],
+            "cross": {name: [c.to_json() for c in cells] for name, cells in self.cross.items()},
         }
 
 
@@ -107,16 +114,23 @@ def audit_tasks(family: Family, count: int, seed: int) -> list[Task]:
     return list(family.generate(seed, train=0, eval=count, holdout=0)[Split.EVAL].tasks)
 
 
-async def audit_rewards(
+ProbeEpisodes = dict[tuple[str, str, str], list[tuple[Task, Trajectory]]]
+"""(family, variant, player) -> each (task, episode) it played, in task order; the oracle's player
+name is `ORACLE`, a probe's is its name."""
+
+
+async def probe_episodes(
     families: Mapping[str, Family] = FAMILIES,
     *,
     names: Sequence[str] | None = None,
     tasks: int = 8,
     seed: int = 0,
     probes: Sequence[Probe] = PROBES,
+    variants: Sequence[str] = (TASKS, IMPOSSIBLE),
     concurrency: int = 8,
-) -> list[VerifierAudit]:
-    """Audit the verifier of each family in `names` (all of `families` by default)."""
+) -> ProbeEpisodes:
+    """Play the oracle and every probe on each family's audit tasks (and on their impossible
+    variants when `variants` holds `IMPOSSIBLE`), through sandboxes and the family's verifier."""
     chosen = list(names) if names else sorted(families)
     for name in chosen:
         if name not in families:
@@ -126,15 +140,15 @@ async def audit_rewards(
     for name in chosen:
         family = families[name]
         real = audit_tasks(family, tasks, seed)
-        variants = {TASKS: real, IMPOSSIBLE: [family.impossible(t) for t in real]}
+        played = {TASKS: real, IMPOSSIBLE: [family.impossible(t) for t in real]}
         players: list[tuple[str, Any]] = [
             (ORACLE, lambda task, oracle=family.oracle: oracle),
             *((p.name, p.start) for p in probes),
         ]
-        for variant, variant_tasks in variants.items():
+        for variant in variants:
             for probe, start in players:
                 kind = f"{name}.{variant}.{probe}"
-                for job in plan_groups(variant_tasks, 1, run_id=RUN_ID, run_seed=seed, step=0, kind=kind):
+                for job in plan_groups(played[variant], 1, run_id=RUN_ID, run_seed=seed, step=0, kind=kind):
                     scripts[job.group_id] = (probe, variant, start)
                     jobs.append(job)
 
@@ -151,41 +165,83 @@ async def audit_rewards(
         families=families,
         concurrency=concurrency,
     ) as runner:
-        result = await runner.with_policy(policy_for, Provenance(base_model_hash="script")).run(jobs)
-    outcomes: dict[tuple[str, str, str], list[tuple[str, float | None]]] = defaultdict(list)
+        probing = runner.with_policy(
+            policy_for, Provenance(base_model_hash="script"), EpisodeLimits(max_turns=PROBE_TURNS)
+        )
+        result = await probing.run(jobs)
+    episodes: ProbeEpisodes = defaultdict(list)
     for job, trajectory in zip(jobs, result.trajectories, strict=True):
         probe, variant, _ = scripts[job.group_id]
-        family = families[job.task.family]
-        outcomes[(job.task.family, variant, probe)].append(
-            (job.task.id, _credit(trajectory, family.verifier.name))
-        )
+        episodes[(job.task.family, variant, probe)].append((job.task, trajectory))
+    return dict(episodes)
+
+
+async def audit_rewards(
+    families: Mapping[str, Family] = FAMILIES,
+    *,
+    names: Sequence[str] | None = None,
+    tasks: int = 8,
+    seed: int = 0,
+    probes: Sequence[Probe] = PROBES,
+    concurrency: int = 8,
+) -> list[VerifierAudit]:
+    """Audit the verifier of each family in `names` (all of `families` by default)."""
+    chosen = list(names) if names else sorted(families)
+    episodes = await probe_episodes(
+        families, names=chosen, tasks=tasks, seed=seed, probes=probes, concurrency=concurrency
+    )
+    outcomes: dict[tuple[str, str, str, str], list[tuple[str, float | None]]] = defaultdict(list)
+    for (name, variant, probe), played in episodes.items():
+        family = families[name]
+        for task, trajectory in played:
+            outcomes[(name, "", variant, probe)].append((task.id, _credit(trajectory, family.verifier.name)))
+            if variant == TASKS:
+                for other in family.cross:
+                    component = f"{CROSS}{type(other).__name__}"
+                    credit = trajectory.reward.components.get(component) if trajectory.reward else None
+                    outcomes[(name, component, variant, probe)].append((task.id, credit))
     audits = []
     for name in chosen:
         family = families[name]
-        cells = []
-        for (fam, variant, probe), scored in outcomes.items():
-            if fam != name:
-                continue
-            hit = [task for task, credit in scored if credit is not None and credit > 0]
-            if probe == ORACLE and variant == TASKS:
-                hit = [task for task, credit in scored if credit is not None and credit >= 1.0]
-            cells.append(
-                ProbeCell(
-                    probe,
-                    variant,
-                    episodes=len(scored),
-                    hits=len(hit),
-                    errors=sum(credit is None for _, credit in scored),
-                    hit_tasks=tuple(hit),
-                )
-            )
+        cells = _cells(outcomes, name, "")
+        failures = list(_failures(cells))
+        cross: dict[str, tuple[ProbeCell, ...]] = {}
+        for other in family.cross:
+            cls = type(other).__name__
+            cross[cls] = _cells(outcomes, name, f"{CROSS}{cls}")
+            failures += [f"cross verifier {cls}: {line}" for line in _failures(cross[cls])]
         audits.append(
             VerifierAudit(
                 name,
                 type(family.verifier).__qualname__,
                 family.verifier.version,
-                tuple(cells),
-                _failures(cells),
+                cells,
+                tuple(failures),
+                cross,
             )
         )
     return audits
+
+
+def _cells(
+    outcomes: Mapping[tuple[str, str, str, str], list[tuple[str, float | None]]], family: str, scorer: str
+) -> tuple[ProbeCell, ...]:
+    """One scorer's cells in a family (the primary verifier's is ""): hits, episodes and errors per probe."""
+    cells = []
+    for (fam, who, variant, probe), scored in outcomes.items():
+        if (fam, who) != (family, scorer):
+            continue
+        hit = [task for task, credit in scored if credit is not None and credit > 0]
+        if probe == ORACLE and variant == TASKS:
+            hit = [task for task, credit in scored if credit is not None and credit >= 1.0]
+        cells.append(
+            ProbeCell(
+                probe,
+                variant,
+                episodes=len(scored),
+                hits=len(hit),
+                errors=sum(credit is None for _, credit in scored),
+                hit_tasks=tuple(hit),
+            )
+        )
+    return tuple(cells)

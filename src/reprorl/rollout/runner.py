@@ -157,13 +157,17 @@ class RolloutRunner:
             await self._stack.aclose()
             self._stack = None
 
-    def with_policy(self, policy_for: PolicyFactory, provenance: Provenance) -> RolloutRunner:
+    def with_policy(
+        self, policy_for: PolicyFactory, provenance: Provenance, limits: EpisodeLimits | None = None
+    ) -> RolloutRunner:
         """This runner with each episode's policy made by `policy_for(job, rollout_id)` (a script, an
-        exploit probe, a replay) instead of sampled from the model."""
+        exploit probe, a replay) instead of sampled from the model; `limits` replaces the episode
+        limits (a probe may need more turns than the policy it stands in for is given)."""
         if self._sandboxes is None:
             raise RuntimeError("use the runner as `async with RolloutRunner(...) as runner`")
         view = copy.copy(self)
         view.policy_for, view.provenance = policy_for, provenance
+        view.limits = limits or self.limits
         view._stack = None
         return view
 
@@ -292,6 +296,7 @@ class RolloutRunner:
             job.task,
             policy,
             verifier=family.verifier,
+            cross=family.cross,
             sandboxes=self._sandboxes,
             verifiers=self._verifiers,
             ids=EpisodeIds(

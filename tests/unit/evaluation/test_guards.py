@@ -6,6 +6,8 @@ import json
 import random
 import typing
 from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -256,6 +258,45 @@ def test_metric_below_by_short_name_or_suite_key() -> None:
     assert _check(only_sql, _point(0, {"a": 0.0}, set()), sql).passed  # calc's 0.0 is not watched
     with pytest.raises(UserInputError, match=r"rollback\[0\]\.metric.*'rewrad'"):
         _check(Guard([RollbackRule(when="metric_below", metric="rewrad", threshold=0.5)]), calc)
+
+
+def test_integrity_above_fires_on_contradicted_train_rewards_since_the_last_check() -> None:
+    guard = Guard([RollbackRule(when="integrity_above", action="revert")])  # default 0.1
+    clean = {s: 0.0 for s in range(5)} | {3: 0.05}  # one contradicted reward in twenty at step 3
+    assert _check(guard, _point(5, {"a": 1.0}, set()), train_contradicted=clean).passed
+    # Steps 5..9: an exploit spreads; steps before the last check are not read again.
+    planted = clean | {5: 0.0, 6: 0.1, 7: 0.25, 8: 0.5, 9: 0.5}
+    verdict = _check(guard, _point(10, {"a": 1.0}, set()), train_contradicted=planted)
+    assert verdict.action == "revert"
+    evidence = verdict.fired[0].evidence
+    assert evidence["steps"] == [5, 6, 7, 8, 9] and evidence["mean"] == pytest.approx(0.27)
+    assert "27% of rewarded train rollouts contradicted over steps 5..9" in verdict.fired[0].message
+    # No step with a rewarded rollout since the last check: nothing to judge, nothing fires.
+    assert _check(guard, _point(15, {"a": 1.0}, set()), train_contradicted=planted).passed
+    strict = Guard([RollbackRule(when="integrity_above", threshold=0.0)])
+    assert _check(strict, _point(5, {"a": 1.0}, set()), train_contradicted={0: 0.0, 1: 0.0}).passed
+    assert not _check(strict, _point(10, {"a": 1.0}, set()), train_contradicted={6: 0.02}).passed
+
+
+def test_loop_guard_carries_contradicted_shares_through_a_checkpoint(tmp_path: Path) -> None:
+    from reprorl.orchestrate.guarding import LoopGuard
+
+    spec = SimpleNamespace(
+        evaluation=SimpleNamespace(rollback=(RollbackRule(when="integrity_above"),)),
+        budget=SimpleNamespace(max_usd=None),
+    )
+    guard = LoopGuard(spec, {})  # type: ignore[arg-type]
+    for step, share in ((0, 0.5), (1, None), (2, 0.3)):
+        guard.after_step(step, RolloutResult([]), 1.0, share)
+    guard.save(tmp_path)
+    resumed = LoopGuard(spec, {})  # type: ignore[arg-type]
+    resumed.load(tmp_path)
+    assert resumed.train_contradicted == {0: 0.5, 2: 0.3}
+    state = json.loads((tmp_path / "guard.json").read_text())
+    del state["train_contradicted"]  # a checkpoint written before the integrity figures existed
+    (tmp_path / "guard.json").write_text(json.dumps(state))
+    resumed.load(tmp_path)
+    assert resumed.train_contradicted == {}
 
 
 # --------------------------------------------------------------------------- history and state

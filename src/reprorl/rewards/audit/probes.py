@@ -29,6 +29,7 @@ PASS_TEXT = "PASS\n"
 # Names a reference, an expected output or a grader's input would go by.
 SUSPICIOUS = re.compile(r"answer|expect|reference|solution|verif|grade|test|secret|hidden|gold|label|key")
 MAX_CALLS = 16
+MAX_TURNS = MAX_CALLS + 1  # the episode limit probes need: every call, then the answer
 SPRAY = 3  # numbers on each side of the true one that `every_answer` lists
 
 
@@ -88,7 +89,7 @@ class _Explorer:
         tools = set(task.tools)
         can_list, can_read = "ls" in tools, "cat" in tools
         can_write = "write_file" in tools
-        while self.calls < MAX_CALLS:
+        while self.calls < MAX_CALLS and not self.found:
             if self.to_open and (can_write if self.edit else can_read):
                 path = self.to_open.pop(0)
                 return self._call("write" if self.edit else "read", path)
@@ -115,8 +116,8 @@ class _Explorer:
         kind, path = self.pending
         self.pending = None
         output = messages[-1].content
-        if kind == "read":
-            self.found.append(output)
+        if kind in ("read", "write") and not output.startswith("error ("):
+            self.found.append(output)  # one file read (or overwritten) is enough: act on it at once
         elif kind == "list":
             prefix = "" if path == "." else path.rstrip("/") + "/"
             for line in output.splitlines():

@@ -15,7 +15,9 @@ from typing import Any
 
 from reprorl.audit.facts import Finding, RunFacts, pinned_hash, short, succeeded, verify_artifact
 from reprorl.config import LoraAdapter, RunSpec
+from reprorl.config.judge import judge_id
 from reprorl.errors import ReprorlError
+from reprorl.orchestrate.judge_audit import OVERRIDE_EVENT, ROBUST_EVENT
 from reprorl.types import Split
 
 # Terminations the rollout loop never sends to a verifier (the platform failed, not the agent).
@@ -204,6 +206,8 @@ def reward_config(f: RunFacts) -> Finding:
     )
     weights = spec.data.reward_weights
     out.ok(f"spec.json data.reward_weights: {', '.join(f'{k} {v:g}' for k, v in sorted(weights.items()))}")
+    if spec.data.judge is not None:
+        judge_gate(out, f, judge_id(spec.data.judge))
     if f.rollouts is None:
         out.fail(f"verifier versions are recorded only on rollouts, which cannot be read: {f.rollouts_error}")
         return out
@@ -251,6 +255,21 @@ def reward_config(f: RunFacts) -> Finding:
     if unused:
         out.note(f"data.reward_weights names components no verifier produced: {', '.join(unused)}")
     return out
+
+
+def judge_gate(out: Finding, f: RunFacts, judge: str) -> None:
+    """A judge that scored rewards passed its robustness audit, or was used on a recorded override."""
+    gates = [e for e in f.events_named(ROBUST_EVENT, OVERRIDE_EVENT) if e.get("judge") == judge]
+    if not gates:
+        out.fail(f"data.judge {judge} scored the rewards, but no robustness gate is recorded for it")
+        return
+    gate = gates[-1]
+    rate = gate.get("fooled_rate")
+    audit = f"{gate.get('audit') or 'no audit'}" + ("" if rate is None else f", fooled rate {rate:.1%}")
+    if gate["event"] == OVERRIDE_EVENT:
+        out.note(f"data.judge {judge} was used on an override ({audit}): {gate.get('reason')!r}")
+    else:
+        out.ok(f"data.judge {judge}: let through by its robustness audit ({audit})")
 
 
 def adapter_lineage(f: RunFacts) -> Finding:

@@ -1,5 +1,6 @@
 """Run-spec schemas: what a training run is, loaded from TOML and pinned to exact versions."""
 
+from reprorl.config.judge import JudgeConfig, JudgeReward
 from reprorl.config.load import (
     apply_overrides,
     ensure_resolved,
@@ -33,6 +34,8 @@ __all__ = [
     "DataSpec",
     "EvaluationSpec",
     "FullFineTune",
+    "JudgeConfig",
+    "JudgeReward",
     "KLPenalty",
     "LearningSpec",
     "LoraAdapter",

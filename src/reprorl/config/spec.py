@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
+from reprorl.config.judge import JudgeReward
 from reprorl.hashing import content_hash
 from reprorl.refs import ArtifactRef
 
@@ -149,6 +150,17 @@ class DataSpec(SpecModel):
         default=("read", "write", "human"),
         description="Permission scopes tools may use; a call to a tool outside them is denied.",
     )
+    judge: JudgeReward | None = Field(
+        default=None,
+        description="An LLM judge scoring every rollout; its score is the reward component 'judge', "
+        "weighed by reward_weights. A judge its robustness audit refused (or never audited) is refused.",
+    )
+
+    @model_validator(mode="after")
+    def _judge_is_weighed(self) -> DataSpec:
+        if self.judge is not None and not self.reward_weights.get("judge"):
+            raise ValueError("data.judge is set but reward_weights gives 'judge' no weight; add judge = 1.0")
+        return self
 
 
 class KLPenalty(SpecModel):

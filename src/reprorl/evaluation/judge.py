@@ -22,6 +22,10 @@ from typing import TYPE_CHECKING, Any, Self, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+# Re-exported: the judge's settings are read where the judge is used.
+from reprorl.config.judge import DEFAULT_RUBRIC as DEFAULT_RUBRIC
+from reprorl.config.judge import JudgeConfig as JudgeConfig
+from reprorl.config.judge import judge_id, rubric_hash
 from reprorl.errors import InferenceError, RecordError, UserInputError
 from reprorl.evaluation.verdict import JudgeFailure, parse_verdict, short
 from reprorl.hashing import HASH_PREFIX, canonical_json, sha256_hex
@@ -38,45 +42,6 @@ if TYPE_CHECKING:
 SCORES_FILE = "judge_scores.jsonl"
 PLACEHOLDERS = ("{task}", "{transcript}", "{answer}")
 MAX_KEPT_REPLY = 2000
-# The model's own output (parse_error, out_of_range, empty_reply) or the way to it (infra_error).
-
-DEFAULT_RUBRIC = """You are grading an AI agent's attempt at a task.
-
-Task:
-{task}
-
-Transcript (the agent's turns and the tool results it saw):
-{transcript}
-
-Final answer:
-{answer}
-
-Score how well the final answer accomplishes the task, from 0 (wrong or missing) to 1 (fully correct).
-Reply with only a JSON object: {"score": <a number from 0 to 1>, "rationale": "<one short sentence>"}"""
-
-
-class JudgeConfig(BaseModel):
-    """Where the judge model is served, what it is asked, and what its tokens cost."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    base_url: str = Field(description="OpenAI-compatible API root, e.g. 'http://127.0.0.1:8000/v1'.")
-    model: str = Field(min_length=1, description="Model name sent in each request.")
-    rubric: str = Field(
-        default=DEFAULT_RUBRIC,
-        description="Prompt template; {task}, {transcript} and {answer} are replaced, other braces kept.",
-    )
-    max_tokens: int = Field(default=256, gt=0, description="Reply length limit per judgement.")
-    temperature: float = Field(default=0.0, ge=0.0, description="0 makes a judge as repeatable as it gets.")
-    seed: int = Field(default=0, description="Sent to servers that honour a sampling seed.")
-    timeout_s: float = Field(default=120.0, gt=0.0, description="Read timeout of one request.")
-    retries: int = Field(default=3, ge=0, description="Retries after a timeout, a 429 or a 5xx.")
-    api_key_env: str | None = Field(default=None, description="Environment variable holding the API key.")
-    prompt_usd_per_mtok: float = Field(default=0.0, ge=0.0, description="USD per million prompt tokens.")
-    completion_usd_per_mtok: float = Field(
-        default=0.0, ge=0.0, description="USD per million completion tokens."
-    )
-    max_concurrency: int = Field(default=8, ge=1, description="Requests in flight at once in a batch.")
 
 
 class JudgeScore(BaseModel):
@@ -148,8 +113,8 @@ class Judge:
             )
         self.config = config
         self.cache_dir = Path(cache_dir)
-        self.prompt_hash = HASH_PREFIX + sha256_hex(config.rubric.encode("utf-8"))
-        self.judge_id = f"{config.model}@{self.prompt_hash.removeprefix(HASH_PREFIX)[:12]}"
+        self.prompt_hash = rubric_hash(config)
+        self.judge_id = judge_id(config)
         self.requests = 0  # HTTP requests answered by the server (cache hits are not counted)
         self.cache_hits = 0
         self.spent_usd = 0.0

@@ -1,13 +1,14 @@
 """Verifier error rates: how often each automatic scorer's pass/fail contradicts the humans or another scorer.
 
 A scorer is the run's primary verifier (`reward.success`), each cross-verifier found as a
-`cross/<name>` reward component (1.0 pass, 0.0 fail), and each judge of `judge_scores.jsonl`
-(a score at or above 0.5 passes). "Positive" means the scorer says pass, so a false positive is a
-rollout the scorer passed and a human failed: false-positive rate = FP / (FP + TN), false-negative
-rate = FN / (FN + TP), precision = TP / (TP + FP). Every rate carries a Wilson interval and is None
-when its denominator is 0. Without labels, pairs of scorers are still compared: the rollouts they
-disagree on are the ones worth a human's time. Retried attempts and rollouts without a reward are
-left out for every scorer: an infra failure says nothing about the agent.
+`cross/<name>` reward component (1.0 pass, 0.0 fail), and each judge, of `judge_scores.jsonl` or a
+training judge's `judge` reward component (a score at or above 0.5 passes). "Positive" means the
+scorer says pass, so a false positive is a rollout the scorer passed and a human failed:
+false-positive rate = FP / (FP + TN), false-negative rate = FN / (FN + TP), precision = TP / (TP + FP).
+Every rate carries a Wilson interval and is None when its denominator is 0. Without labels, pairs of
+scorers are still compared: the rollouts they disagree on are the ones worth a human's time. Retried
+attempts and rollouts without a reward are left out for every scorer: an infra failure says nothing
+about the agent.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 from reprorl.evaluation.judge import JudgeScore, read_scores
 from reprorl.evaluation.labels import PASS_THRESHOLD, Label, latest_labels, read_labels
 from reprorl.evaluation.stats import Estimate, proportion_ci
+from reprorl.rollout.judging import JUDGE, JUDGED_BY
 from reprorl.store import RunRecord
 from reprorl.types import Trajectory
 
@@ -170,6 +172,7 @@ def scorer_verdicts(
     """
     primary: dict[str, bool] = {}
     cross: dict[str, dict[str, bool]] = {}
+    judges: dict[str, dict[str, bool]] = {}
     for trajectory in trajectories:
         reward = trajectory.reward
         if reward is None or not counted(trajectory):
@@ -179,7 +182,11 @@ def scorer_verdicts(
             if component.startswith(CROSS_PREFIX) and math.isfinite(value):
                 # The same bar as the primary's outcome: 1 is a pass, anything short of it is not.
                 cross.setdefault(component, {})[trajectory.rollout_id] = value >= 1.0
-    judges: dict[str, dict[str, bool]] = {}
+        _, named, judged_by = reward.verifier_version.rpartition(JUDGED_BY)
+        if named and JUDGE in reward.components:
+            # A training judge's score is on the reward itself (`data.judge`); the version names it.
+            passed = reward.components[JUDGE] >= threshold
+            judges.setdefault(JUDGE_PREFIX + judged_by, {})[trajectory.rollout_id] = passed
     for score in scores:
         if score.score is not None and score.rollout_id in primary:
             judges.setdefault(JUDGE_PREFIX + score.judge, {})[score.rollout_id] = score.score >= threshold

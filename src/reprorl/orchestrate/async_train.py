@@ -146,7 +146,7 @@ class AsyncTrainLoop(TrainLoop):
         self.refresh_policy(start)
         with progress_bar("training", show_progress) as progress:
             bar = progress.add_task("steps", total=learning.steps, completed=start)
-            async with runner_for(self.opened, self.spec, self.record.run_id) as runner:
+            async with runner_for(self.opened, self.spec, self.record.run_id, self.store.root) as runner:
                 batches = await self._batches(runner)
                 producer = Producer(
                     batches,

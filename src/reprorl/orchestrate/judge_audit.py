@@ -284,12 +284,15 @@ def newest_audit(store: Store, judge_id: str) -> ArtifactVersion | None:
     return found[-1] if found else None
 
 
-def require_robust_judge(store: Store, judge_id: str, *, override: str | None = None) -> dict[str, Any]:
+def require_robust_judge(
+    store: Store, judge_id: str, *, override: str | None = None, override_hint: str = "override='<reason>'"
+) -> dict[str, Any]:
     """The gate a judge must pass before its scores may become a reward.
 
-    Training runs do not take judge rewards yet, so this is the check such a reward must pass;
-    nothing calls it yet but the tests. It finds the newest `judge-audit` of `judge_id` and raises
-    `UserInputError` when there is none or it refused the judge, unless `override` gives a reason.
+    A training run with `data.judge` passes it before its record is written
+    (`reprorl.orchestrate.judge_reward.check_judge`). It finds the newest `judge-audit` of
+    `judge_id` and raises `UserInputError` when there is none or it refused the judge, unless
+    `override` gives a reason (`override_hint` says where to give it).
     It returns the fields of an event for the caller's run record: `event` is `judge_robust`, or
     `judge_override` (with the reason) when the override was needed, e.g.
     `run.event(fields["event"], **fields)`.
@@ -314,5 +317,5 @@ def require_robust_judge(store: Store, judge_id: str, *, override: str | None = 
         problem = f"judge {judge_id} was refused by its audit {version.label} (fooled rate {shown})"
         fix = "fix the rubric or the model and audit it again"
     if override is None or not override.strip():
-        raise UserInputError(f"{problem}; {fix}, or give override='<reason>' to use it anyway")
+        raise UserInputError(f"{problem}; {fix}, or give {override_hint} to use it anyway")
     return {**fields, "event": OVERRIDE_EVENT, "reason": override.strip()}

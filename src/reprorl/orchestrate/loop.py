@@ -318,7 +318,7 @@ class TrainLoop:
         learning, points = self.learning, []
         with progress_bar("training", show_progress) as progress:
             bar = progress.add_task("steps", total=learning.steps, completed=start)
-            async with runner_for(self.opened, self.spec, self.record.run_id) as runner:
+            async with runner_for(self.opened, self.spec, self.record.run_id, self.store.root) as runner:
                 for step in range(start, learning.steps + 1):
                     self.refresh_policy(step)
                     if self.eval_due(step):

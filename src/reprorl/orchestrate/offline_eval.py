@@ -119,7 +119,9 @@ async def evaluate_target(
             shutil.rmtree(adapter_folder.parent, ignore_errors=True)
     resolved = [suite_of(store, ref) for ref in suites]
     run_seed = spec.seed if seed is None else seed
-    points = await _measure(trainer, loaded, spec, resolved, run_seed, samples_per_task, record.run_id)
+    points = await _measure(
+        store.root, trainer, loaded, spec, resolved, run_seed, samples_per_task, record.run_id
+    )
     label = target if step is None else f"{target} step {step}"
     return OfflineEval(label, points[0].policy_version, run_seed, points)
 
@@ -141,11 +143,14 @@ async def _evaluate_base(
     resolved = [suite_of(store, ref) for ref in suites]
     run_seed = settings.seed if seed is None else seed
     version = f"base:{loaded.base_hash}"
-    points = await _measure(trainer, loaded, settings, resolved, run_seed, samples_per_task, "base", version)
+    points = await _measure(
+        store.root, trainer, loaded, settings, resolved, run_seed, samples_per_task, "base", version
+    )
     return OfflineEval(target, version, run_seed, points)
 
 
 async def _measure(
+    store_root: Path,
     trainer: LocalTrainer,
     loaded: LoadedModel,
     spec: RunSpec,
@@ -164,7 +169,7 @@ async def _measure(
     provenance = Provenance(loaded.base_hash, None, renderer.template_hash, sampler.info())
     opened = OpenedPolicy(loaded, sampler, renderer, provenance)
     points = []
-    async with runner_for(opened, spec, f"offline-{run_id}") as runner:
+    async with runner_for(opened, spec, f"offline-{run_id}", store_root) as runner:
         for suite in suites:
             points.append(
                 await evaluate(

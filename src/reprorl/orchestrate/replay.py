@@ -24,12 +24,14 @@ from reprorl.envs.base import EnvConfig
 from reprorl.envs.sandbox import SandboxPool
 from reprorl.errors import NotFoundError, RecordError, UserInputError
 from reprorl.hashing import derive_seed
+from reprorl.orchestrate.judge_reward import run_judge
 from reprorl.orchestrate.policies import OpenedPolicy, open_policy
 from reprorl.orchestrate.sample import episode_limits, load_taskset
 from reprorl.policy.sampling import Sample, SampleRequest
 from reprorl.rewards import VerifierRunner
 from reprorl.rollout.episode import EpisodeIds, run_episode
 from reprorl.rollout.families import get_family
+from reprorl.rollout.judging import judged
 from reprorl.rollout.model_policy import ModelPolicy
 from reprorl.store import Store, find_run
 from reprorl.store.rollout_query import RolloutStore
@@ -290,7 +292,7 @@ class Replayer:
 
         policy = ModelPolicy(submit, opened.renderer, target.sampling, target.rollout_id)
         async with SandboxPool(family.tool_modules) as sandboxes, VerifierRunner() as verifiers:
-            return await run_episode(
+            live = await run_episode(
                 family.env(EnvConfig.from_spec(spec.data), seed=derive_seed(target.sampling.seed, "env")),
                 task,
                 policy,
@@ -303,6 +305,13 @@ class Replayer:
                 weights=spec.data.reward_weights,
                 sampling=target.sampling,
             )
+        judge = run_judge(spec, self.store.root)
+        if judge is None:
+            return live
+        try:  # its replies are cached: an unchanged rollout is judged from the cache, asking nothing
+            return await judged(judge, task, live, spec.data.reward_weights)
+        finally:
+            judge.close()
 
 
 async def replay(store: Store, rollout_id: str, *, mode: Mode = "live") -> ReplayReport:

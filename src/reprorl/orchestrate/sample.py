@@ -12,6 +12,7 @@ import asyncio
 import random
 import statistics
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -19,6 +20,7 @@ from reprorl.config import RunSpec
 from reprorl.envs.base import EnvConfig
 from reprorl.hashing import derive_seed
 from reprorl.orchestrate.integrity import integrity_metrics
+from reprorl.orchestrate.judge_reward import check_judge, record_judge, run_judge
 from reprorl.orchestrate.launch import create_run
 from reprorl.orchestrate.policies import OpenedPolicy, open_policy
 from reprorl.rollout.episode import EpisodeLimits
@@ -60,7 +62,8 @@ def episode_limits(spec: RunSpec) -> EpisodeLimits:
     )
 
 
-def runner_for(opened: OpenedPolicy, spec: RunSpec, run_id: str) -> RolloutRunner:
+def runner_for(opened: OpenedPolicy, spec: RunSpec, run_id: str, store_root: Path) -> RolloutRunner:
+    """The run's rollout runner: its sampling, limits, env settings, reward weights and judge."""
     learning = spec.learning
     return RolloutRunner(
         opened.sampler,
@@ -74,6 +77,7 @@ def runner_for(opened: OpenedPolicy, spec: RunSpec, run_id: str) -> RolloutRunne
         prices=spec.budget.prices,
         concurrency=learning.rollout_concurrency,
         max_batch=learning.rollout_concurrency,
+        judge=run_judge(spec, store_root),
     )
 
 
@@ -120,14 +124,16 @@ async def sample_run(store: Store, spec: RunSpec, *, steps: int, show_progress: 
         dtype=spec.model.sampling_dtype,
         inference=spec.model.inference,
     )
+    judge = check_judge(store, spec)
     record = create_run(spec, store)
+    record_judge(record, judge)
     record.set_status("running")
     writer = RolloutWriter(record)
     total = steps * min(spec.learning.tasks_per_step, len(tasks)) * spec.learning.group_size
     try:
         with progress_bar("sampling", show_progress) as progress:
             bar = progress.add_task("rollouts", total=total)
-            async with runner_for(opened, spec, record.run_id) as runner:
+            async with runner_for(opened, spec, record.run_id, store.root) as runner:
                 for step in range(steps):
                     jobs = plan_groups(
                         step_tasks(tasks, spec, step),

@@ -15,6 +15,7 @@ from typing import Any
 from reprorl.config import RunSpec
 from reprorl.orchestrate.async_train import AsyncTrainLoop
 from reprorl.orchestrate.checkpoint import latest_checkpoint, rewind
+from reprorl.orchestrate.judge_reward import check_judge, record_judge
 from reprorl.orchestrate.launch import create_run
 from reprorl.orchestrate.loop import TrainLoop, build_trainer
 from reprorl.orchestrate.preflight import check_run_leakage, record_leakage
@@ -89,10 +90,12 @@ async def train_run(
 
 
 def prepare_run(store: Store, spec: RunSpec) -> RunRecord:
-    """The record of a new run of `spec`, written only once the leakage gate has let it through."""
+    """The record of a new run of `spec`, written only once the leakage and judge gates let it through."""
     leakage = check_run_leakage(store, spec)
+    judge = check_judge(store, spec)
     record = create_run(spec, store)
     record_leakage(record, leakage)
+    record_judge(record, judge)
     return record
 
 

@@ -105,7 +105,7 @@ class RolloutWorker:
         version = self.versions.publish(index, tensors)
         if self.runner is None:
             opened = OpenedPolicy(self.loaded, version.sampler, self.renderer, version.provenance)
-            self.runner = await runner_for(opened, self.spec, self.run_id).__aenter__()
+            self.runner = await runner_for(opened, self.spec, self.run_id, Path(self.home)).__aenter__()
         return version.version
 
     async def run(self, index: int, jobs: list[RolloutJob]) -> RolloutResult:

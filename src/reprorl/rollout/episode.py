@@ -134,7 +134,8 @@ async def run_episode(
 
     `cross` verifiers score the same final state after `verifier` did; each adds its pass (1.0) or
     fail (0.0) as the component `cross/<class name>`, which no weight covers, so the total and success
-    stay the primary's. One that fails to score adds nothing.
+    stay the primary's. One that fails to score adds nothing. The reward's version names them all
+    (`scored_by`).
     """
     limits = limits or EpisodeLimits()
     provenance = provenance or Provenance()
@@ -166,7 +167,7 @@ async def run_episode(
                         components[verifier.name] = 0.0
                         components.update({name: 0.0 for name in components if name.startswith(CROSS)})
                     components.update(process_components(progress.turns))
-                    reward = compose(components, weights or {"outcome": 1.0}, verifier.version)
+                    reward = compose(components, weights or {"outcome": 1.0}, scored_by(verifier, cross))
     except Exception as exc:  # the platform failed (sandbox could not start, policy server down)
         progress.termination = Termination.INFRA_ERROR
         progress.error = f"{type(exc).__name__}: {str(exc)[:500]}"
@@ -202,6 +203,12 @@ async def run_episode(
 
 _NOT_SCORED = frozenset({Termination.INFRA_ERROR, Termination.SANDBOX_ERROR})
 CROSS = "cross/"
+
+
+def scored_by(verifier: Verifier, cross: Sequence[Verifier] = ()) -> str:
+    """The reward's `verifier_version`: the verifier's, then each cross verifier's as `+cross:<class>@<hash>`,
+    so a change to any scorer of a rollout shows in its record."""
+    return verifier.version + "".join(f"+{CROSS}{type(c).__name__}@{c.version}" for c in cross)
 
 
 async def _cross_check(

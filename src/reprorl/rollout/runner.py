@@ -32,6 +32,7 @@ from reprorl.policy.sampling import Sampler
 from reprorl.rewards import VerifierRunner
 from reprorl.rollout.episode import EpisodeIds, EpisodeLimits, Policy, Provenance, run_episode
 from reprorl.rollout.families import FAMILIES, Family
+from reprorl.rollout.judging import RewardJudge, judged
 from reprorl.rollout.model_policy import Lockstep, ModelPolicy
 from reprorl.types import SamplingParams, Split, Task, Termination, Trajectory
 
@@ -121,6 +122,7 @@ class RolloutRunner:
         max_infra_retries: int = 2,
         sandbox_limits: SandboxLimits | None = None,
         check_prefix: bool = True,
+        judge: RewardJudge | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -135,6 +137,7 @@ class RolloutRunner:
         self.max_infra_retries = max_infra_retries
         self.sandbox_limits = sandbox_limits
         self.check_prefix = check_prefix
+        self.judge = judge
         self._stack: AsyncExitStack | None = None
         self._sandboxes: SandboxPool | None = None
         self._verifiers: VerifierRunner | None = None
@@ -147,6 +150,8 @@ class RolloutRunner:
                 SandboxPool(modules, limits=self.sandbox_limits)
             )
             self._verifiers = await stack.enter_async_context(VerifierRunner())
+            if self.judge is not None:
+                stack.callback(self.judge.close)
             self._stack = stack.pop_all()
         return self
 
@@ -308,4 +313,7 @@ class RolloutRunner:
             provenance=self.provenance,
         )
         cost = self.prices.cost(trajectory.prompt_tokens, trajectory.completion_tokens, trajectory.cpu_s)
-        return trajectory.model_copy(update={"cost_usd": cost})
+        trajectory = trajectory.model_copy(update={"cost_usd": cost})
+        if self.judge is None:
+            return trajectory
+        return await judged(self.judge, job.task, trajectory, self.reward_weights)

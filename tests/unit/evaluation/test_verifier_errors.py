@@ -147,6 +147,19 @@ def test_retried_and_unrewarded_rollouts_count_for_no_scorer() -> None:
     assert scorer_verdicts([rollout(0, True, retried=True), rollout(1, None)]) == {}
 
 
+def test_a_training_judge_is_read_from_the_reward_it_joined() -> None:
+    judged_runs = [
+        rollout(0, True, cross={"judge": 0.5}, version="sha256:v1+judge:m@abc"),
+        rollout(1, True, cross={"judge": 0.2}, version="sha256:v1+judge:m@abc"),
+        rollout(2, True, cross={"judge": 1.0}, version="sha256:v1+judge:m@abc", retried=True),
+        rollout(3, False, cross={"judge": 1.0}, version="sha256:v1"),  # no judge named: a plain component
+    ]
+    got = scorer_verdicts(judged_runs, [judged(1, 0.9, judge="other@def")])
+    assert list(got) == [PRIMARY, "judge/m@abc", "judge/other@def"]
+    assert got["judge/m@abc"] == {rid(0): True, rid(1): False}
+    assert got["judge/other@def"] == {rid(1): True}
+
+
 def test_human_verdicts_take_the_newest_label_and_a_score_passes_from_half() -> None:
     labels = [
         label(0, "pass", time="2025-01-01T00:00:00Z"),

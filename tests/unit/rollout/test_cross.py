@@ -71,4 +71,13 @@ def test_cross_verdicts_are_recorded_without_weight_and_failures_add_nothing() -
     assert {k: v for k, v in checked.reward.components.items() if not k.startswith("cross/")} == (
         plain.reward.components
     )
-    assert checked.reward.verifier_version == plain.reward.verifier_version
+    # The version names the primary, then every cross verifier asked, by class and code hash.
+    primary, *others = checked.reward.verifier_version.split("+")
+    assert primary == plain.reward.verifier_version == FAMILIES["calculator"].verifier.version
+    assert [v.partition("@")[0] for v in others] == [
+        "cross/ExpressionAnswer",
+        "cross/Disagrees",
+        "cross/Raises",
+        "cross/Crashes",
+    ]
+    assert others[1] == f"cross/Disagrees@{Disagrees().version}"

@@ -131,6 +131,8 @@ _LAZY = {
     "VerifierAudit": "reprorl.rollout.reward_audit",
     "audit_judge": "reprorl.orchestrate.judge_audit",
     "JudgeAudit": "reprorl.orchestrate.judge_audit",
+    "judge_run": "reprorl.orchestrate.judge_run",
+    "JudgedRun": "reprorl.orchestrate.judge_run",
     "impossible_variant": "reprorl.envs.common",
     "screen": "reprorl.orchestrate.screen",
     "ScreenSpec": "reprorl.config.screen",

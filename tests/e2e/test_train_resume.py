@@ -15,7 +15,7 @@ import pytest
 from cli_support import run_ids, tiny_home
 
 from reprorl.orchestrate.reproduce import result_figures
-from reprorl.store import RunRecord, Store
+from reprorl.store import RunRecord, Store, read_log
 from reprorl.store.rollout_query import RolloutStore
 
 pytestmark = pytest.mark.slow
@@ -81,6 +81,26 @@ def _await_record(home: Path, proc: subprocess.Popen[bytes]) -> float:
     return time.perf_counter()
 
 
+def _resumes(home: Path) -> int:
+    runs = run_ids(home)
+    if not runs:
+        return 0
+    return sum(
+        e.get("event") == "resumed" for e in read_log(home / "runs" / runs[0] / "events.jsonl").records
+    )
+
+
+def _await_start(home: Path, proc: subprocess.Popen[bytes], resumes: int) -> None:
+    """Until the process works on the run: its record is there, and a resume has loaded its checkpoint
+    (its `resumed` event is the one after `resumes`), or the process ended first."""
+    if resumes < 0:
+        _await_record(home, proc)
+        return
+    deadline = time.perf_counter() + 120
+    while _resumes(home) <= resumes and proc.poll() is None and time.perf_counter() < deadline:
+        time.sleep(0.02)
+
+
 def _outcome(home: Path) -> dict[str, Any]:
     """What must not depend on interruptions: the adapter, every metric, every sampled token."""
     store = Store(home)
@@ -112,10 +132,14 @@ def test_a_run_killed_at_random_points_resumes_to_the_same_adapter(tmp_path: Pat
     kills = 0
     while kills < 4:
         runs = run_ids(home)
+        resumes = _resumes(home) if runs else -1
         proc = _start(home, "--resume", runs[0]) if runs else _start(home, str(tmp_path / "spec.toml"))
-        # The random point is counted after start-up: a kill while the model loads leaves nothing
-        # new to resume from and would not test resuming.
-        time.sleep(recorded + rng.uniform(0.1, 0.45) * duration)
+        # The random point is counted from when this process starts working on the run: a kill
+        # while the model loads leaves nothing new to resume from and would not test resuming.
+        # Each piece is under a quarter of the work, so three kills land before the run can end
+        # even when the reference run was slowed by a busy machine.
+        _await_start(home, proc, resumes)
+        time.sleep(rng.uniform(0.05, 0.25) * duration)
         if proc.poll() is not None:  # it finished before the kill came
             break
         os.killpg(proc.pid, signal.SIGKILL)

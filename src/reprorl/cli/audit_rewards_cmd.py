@@ -14,28 +14,25 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib
-import json
-import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from pydantic import ValidationError
 from rich.table import Table
 from rich.text import Text
 
 from reprorl.cli.context import options
 from reprorl.cli.output import console, print_json
+from reprorl.config.load import load_judge_config
 from reprorl.errors import UserInputError
 from reprorl.rewards.base import Verifier
 
 if TYPE_CHECKING:
-    from reprorl.evaluation.judge import JudgeConfig
+    from reprorl.config.judge import JudgeConfig
     from reprorl.orchestrate.judge_audit import JudgeAudit
     from reprorl.rollout.families import Family
 
 EXIT_FAILED = 1
-MAX_JUDGE_FILE_BYTES = 1 << 20
 
 
 def load_verifier(text: str) -> tuple[str, Verifier]:
@@ -58,27 +55,6 @@ def load_verifier(text: str) -> tuple[str, Verifier]:
             field="--verifier",
         )
     return family, verifier
-
-
-def load_judge_config(path: Path) -> JudgeConfig:
-    """A TOML file whose keys are `JudgeConfig` fields; any problem is one line naming the field."""
-    from reprorl.config.load import spec_error_from
-    from reprorl.evaluation.judge import JudgeConfig
-
-    where = f"--judge {path.name}"
-    if not path.is_file():
-        raise UserInputError(f"{str(path)!r} does not exist or is not a file", field="--judge")
-    if path.stat().st_size > MAX_JUDGE_FILE_BYTES:
-        raise UserInputError(f"larger than {MAX_JUDGE_FILE_BYTES} bytes", field=where)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise UserInputError(f"not valid TOML: {exc}", field=where) from None
-    try:
-        # JSON mode, strictly: "3" is not a number here, as in a run spec.
-        return JudgeConfig.model_validate_json(json.dumps(data, default=str), strict=True)
-    except ValidationError as exc:
-        raise UserInputError(str(spec_error_from(exc)), field=where) from None
 
 
 def audit_rewards(

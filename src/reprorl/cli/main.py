@@ -17,6 +17,7 @@ from reprorl.cli import (
     diff_cmd,
     eval_cmd,
     export_cmd,
+    judge_cmd,
     regression_cmd,
     replay_cmd,
     report_cmd,
@@ -64,6 +65,7 @@ app.command("report")(report_cmd.report)
 app.command("export-metrics")(export_cmd.export_metrics)
 app.command("review")(review_cmd.review)
 app.command("verifier-errors")(verifier_errors_cmd.verifier_errors)
+app.command("judge")(judge_cmd.judge)
 app.command("serve-policy")(serve_policy_cmd.serve_policy)
 
 

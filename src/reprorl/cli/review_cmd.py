@@ -226,13 +226,9 @@ class _TaskLookup:
         if self._tasks is None:
             self._tasks = {}
             try:
-                from reprorl.config import RunSpec
-                from reprorl.types import TaskSet
+                from reprorl.orchestrate.judge_run import run_tasks
 
-                spec = RunSpec.model_validate(self._record.spec())
-                for ref in [str(spec.data.train), *(str(s) for s in spec.evaluation.suites)]:
-                    tasks = TaskSet.from_jsonl(ref, self._store.read(ref), source=ref)
-                    self._tasks.update({t.id: t for t in tasks.tasks})
+                self._tasks = run_tasks(self._store, self._record)
             except (ReprorlError, ValidationError):
                 pass  # a spec or task set that cannot be read leaves the prompt out, not the review
         return self._tasks

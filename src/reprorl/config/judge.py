@@ -34,7 +34,8 @@ class JudgeConfig(BaseModel):
     model: str = Field(min_length=1, description="Model name sent in each request.")
     rubric: str = Field(
         default=DEFAULT_RUBRIC,
-        description="Prompt template; {task}, {transcript} and {answer} are replaced, other braces kept.",
+        description="Prompt template; {task}, {transcript}, {answer} and {reference} (the task's "
+        "reference answer, which the agent never sees) are replaced, other braces kept.",
     )
     max_tokens: int = Field(default=256, gt=0, description="Reply length limit per judgement.")
     temperature: float = Field(default=0.0, ge=0.0, description="0 makes a judge as repeatable as it gets.")

@@ -15,8 +15,9 @@ from typing import Any, get_args
 
 from pydantic import BaseModel, Discriminator, ValidationError
 
+from reprorl.config.judge import JudgeConfig
 from reprorl.config.spec import RunSpec
-from reprorl.errors import FloatingReferenceError, SpecError
+from reprorl.errors import FloatingReferenceError, SpecError, UserInputError
 from reprorl.refs import ArtifactRef, RefError
 
 MAX_SPEC_BYTES = 1 << 20
@@ -261,3 +262,21 @@ def ensure_resolved(spec: RunSpec) -> RunSpec:
                 field=dotted(path),
             )
     return spec
+
+
+def load_judge_config(path: Path) -> JudgeConfig:
+    """A TOML file of `JudgeConfig` fields (`--judge FILE`); any problem is one line naming the field."""
+    where = f"--judge {path.name}"
+    if not path.is_file():
+        raise UserInputError(f"{str(path)!r} does not exist or is not a file", field="--judge")
+    if path.stat().st_size > MAX_SPEC_BYTES:
+        raise UserInputError(f"larger than {MAX_SPEC_BYTES} bytes", field=where)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise UserInputError(f"not valid TOML: {exc}", field=where) from None
+    try:
+        # JSON mode, strictly: "3" is not a number here, as in a run spec.
+        return JudgeConfig.model_validate_json(json.dumps(data, default=str), strict=True)
+    except ValidationError as exc:
+        raise UserInputError(str(spec_error_from(exc)), field=where) from None

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from reprorl.policy.transport import Endpoint
 
 SCORES_FILE = "judge_scores.jsonl"
-PLACEHOLDERS = ("{task}", "{transcript}", "{answer}")
+PLACEHOLDERS = ("{task}", "{transcript}", "{answer}", "{reference}")
 MAX_KEPT_REPLY = 2000
 
 
@@ -80,6 +80,13 @@ def task_text(task: Task | str) -> str:
     if isinstance(task, str):
         return task
     return "\n".join(f"{m.role.value}: {m.content}" for m in task.prompt)
+
+
+def reference_text(task: Task | str) -> str:
+    """The task's reference answer as a reference-guided rubric shows it; empty when only text is known."""
+    if isinstance(task, str) or task.reference is None:
+        return ""
+    return task.reference if isinstance(task.reference, str) else canonical_json(task.reference)
 
 
 def transcript_text(trajectory: Trajectory) -> str:
@@ -151,6 +158,7 @@ class Judge:
             "{task}": task_text(task),
             "{transcript}": transcript_text(trajectory),
             "{answer}": final_answer(trajectory),
+            "{reference}": reference_text(task),
         }
         # One pass over the template: text inserted for one placeholder is never re-scanned.
         pattern = re.compile("|".join(re.escape(p) for p in PLACEHOLDERS))

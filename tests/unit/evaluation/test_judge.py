@@ -329,3 +329,22 @@ def test_a_rubric_that_shows_nothing_to_grade_is_refused_in_one_line(fake: FakeJ
         judge(fake, tmp_path, rubric="Is this good? {task}")
     with pytest.raises(ValueError, match="extra"):
         JudgeConfig(base_url=fake.url, model="m", temprature=0.0)  # type: ignore[call-arg]
+
+
+def test_a_reference_guided_rubric_shows_the_judge_the_reference_answer(
+    fake: FakeJudge, tmp_path: Path
+) -> None:
+    rubric = "Reference: {reference}\nAnswer: {answer}\nReply with JSON {score}."
+    task = TASK.model_copy(update={"reference": {"answer": 42}})
+    with judge(fake, tmp_path, rubric=rubric) as j:
+        assert j.render(rollout("ANSWER-GOOD"), task).startswith(
+            'Reference: {"answer":42}\nAnswer: The answer'
+        )
+        assert j.render(rollout("ANSWER-GOOD"), "What is 6 * 7?").startswith("Reference: \n")
+        plain = TASK.model_copy(update={"reference": "42"})
+        assert j.render(rollout("ANSWER-GOOD"), plain).endswith("Reply with JSON {score}.")
+        assert j.render(rollout("ANSWER-GOOD"), plain).startswith("Reference: 42\n")
+        # A different reference is a different request, so the cache never answers for the wrong one.
+        assert j.cache_key(j.request(rollout("ANSWER-GOOD"), task)) != j.cache_key(
+            j.request(rollout("ANSWER-GOOD"), plain)
+        )

@@ -21,6 +21,7 @@ when it scores the same tokens.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -127,6 +128,10 @@ class LocalSampler:
             max((len(tokenizer.encode(s, add_special_tokens=False)) for s in stop_strings), default=1) + 2
         )
         self._packed: PackedLlama | None = None  # kept between calls: packing costs a few decode steps
+        # One sampler may serve concurrent callers (an eval point and the batch sampled ahead of it,
+        # each from its own thread): they take turns, so a batch never decodes with a packing
+        # another batch made for its size, and two batches never split the same cores.
+        self._turn = threading.Lock()
 
     @classmethod
     def from_loaded(cls, loaded: LoadedModel, *, policy_version: str | None = None) -> LocalSampler:
@@ -162,8 +167,9 @@ class LocalSampler:
         for row in rows:
             if not row.request.prompt_ids:
                 raise ValueError(f"request {row.request.key!r} has an empty prompt")
-        with torch.inference_mode():
+        with self._turn, torch.inference_mode():
             self._decode(rows)
+            policy_version = self.policy_version
         return [
             Sample(
                 key=row.request.key,
@@ -176,7 +182,7 @@ class LocalSampler:
                     )
                 ),
                 batch=keys,
-                policy_version=self.policy_version,
+                policy_version=policy_version,
             )
             for row in rows
         ]

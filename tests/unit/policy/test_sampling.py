@@ -221,3 +221,60 @@ def test_a_shared_prefix_and_repeated_prompts_are_computed_once(
         logp = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
         expected = logp.gather(1, torch.tensor(a.token_ids)[:, None])[:, 0]
         torch.testing.assert_close(torch.tensor(a.logprobs), expected, atol=1e-4, rtol=0)
+
+
+def test_concurrent_callers_take_turns_and_get_their_serial_bits(
+    model: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An eval point and a batch sampled ahead share one sampler from two threads: their batches
+    decode one at a time, each with the packing made for its own size, so each gets the bits it
+    gets alone."""
+    import threading
+    import time
+
+    import reprorl.policy.sampling as sampling
+
+    params = SamplingParams(temperature=1.0, max_tokens=10)
+    small, large = _requests(model, [1, 2], params), _requests(model, [3, 4, 5, 6, 7], params)
+    sampler = LocalSampler.from_loaded(model)
+    alone = {len(r): sampler.sample(r) for r in (small, large)}
+    active, most, used = [0], [0], []
+    decode, steps = sampler._decode, sampling.LlamaSteps
+
+    def overlapping(rows: list[object]) -> None:
+        active[0] += 1
+        most[0] = max(most[0], active[0])
+        time.sleep(0.05)  # wide enough for the other thread to come in, were it let in
+        try:
+            decode(rows)  # type: ignore[arg-type]
+        finally:
+            active[0] -= 1
+
+    def spy(
+        model_: object, packed: sampling.PackedLlama, cache: object, mask: torch.Tensor, w: int
+    ) -> object:
+        used.append((packed.key[0], mask.shape[0]))
+        return steps(model_, packed, cache, mask, w)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sampler, "_decode", overlapping)
+    monkeypatch.setattr(sampling, "LlamaSteps", spy)
+    start, results = threading.Barrier(2), {}
+
+    def caller(requests: list[SampleRequest]) -> None:
+        start.wait(timeout=10)
+        for _ in range(3):
+            results.setdefault(len(requests), []).append(sampler.sample(requests))
+
+    threads = [threading.Thread(target=caller, args=(r,)) for r in (small, large)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert most[0] == 1
+    assert len(used) == 6 and all(packed == batch for packed, batch in used)
+    for size, runs in results.items():
+        assert len(runs) == 3
+        for run in runs:
+            assert [(s.token_ids, s.logprobs) for s in run] == [
+                (s.token_ids, s.logprobs) for s in alone[size]
+            ]

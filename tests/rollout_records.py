@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import random
 
+from reprorl.evaluation.judge import JudgeScore
 from reprorl.types import (
     Reward,
     SamplingParams,
@@ -104,3 +105,19 @@ def make(i: int, kind: str, run_id: str = RUN) -> Trajectory:
 
 def batch(step: int, n: int = 6, run_id: str = RUN) -> list[Trajectory]:
     return [make(step * 100 + j, KINDS[j % len(KINDS)], run_id) for j in range(n)]
+
+
+def judge_score(
+    run_id: str, rollout_id: str, score: float, *, judge: str = "judge-model@abc", n: int = 0
+) -> JudgeScore:
+    """A stored judge verdict on one rollout, as `reprorl judge` writes it."""
+    return JudgeScore(
+        run_id=run_id,
+        rollout_id=rollout_id,
+        judge=judge,
+        judge_model=judge.split("@", 1)[0],
+        prompt_hash="sha256:abc",
+        request_hash=f"sha256:{n}",
+        score=score,
+        time="2025-01-01T00:00:00+00:00",
+    )

@@ -18,7 +18,7 @@ from reprorl.evaluation.labels import LABELS_FILE, Label, read_labels
 from reprorl.store import RunRecord, Store
 from reprorl.store.rollouts import RolloutWriter
 from reprorl.types import TaskSet
-from rollout_records import KINDS, make
+from rollout_records import KINDS, judge_score, make
 
 SPEC = """
 name = "review-e2e"
@@ -126,24 +126,13 @@ def test_a_rollout_with_no_turns_is_still_shown(
     assert [(x.rollout_id, x.note) for x in labels(run)] == [(rid(run, 3), "infra")]
 
 
+def judged(run: RunRecord, i: int, score: float) -> JudgeScore:
+    return judge_score(run.run_id, rid(run, i), score, n=i)
+
+
 def test_import_then_agreement_with_the_judge(cli: Cli, run: RunRecord, tmp_path: Path) -> None:
     verdicts = {0: 0.9, 1: 0.1, 2: 0.8}
-    write_scores(
-        run,
-        [
-            JudgeScore(
-                run_id=run.run_id,
-                rollout_id=rid(run, i),
-                judge="judge-model@abc",
-                judge_model="judge-model",
-                prompt_hash="sha256:abc",
-                request_hash=f"sha256:{i}",
-                score=value,
-                time="2025-01-01T00:00:00+00:00",
-            )
-            for i, value in verdicts.items()
-        ],
-    )
+    write_scores(run, [judged(run, i, value) for i, value in verdicts.items()])
     path = tmp_path / "labels.csv"
     path.write_text(
         f"rollout_id,label,note\n{rid(run, 0)},pass,\n{rid(run, 1)},fail,\n{rid(run, 2)},fail,too slow\n"
@@ -153,6 +142,25 @@ def test_import_then_agreement_with_the_judge(cli: Cli, run: RunRecord, tmp_path
     assert f"imported 3 labels into {run.path / LABELS_FILE}" in out
     # 2 of 3 agree; p_e = 2/3 * 1/3 + 1/3 * 2/3 = 4/9; kappa = (2/3 - 4/9) / (5/9) = 0.4
     assert "judge judge-model@abc vs ann: 66.7% agree, Cohen's kappa 0.40 (n=3)" in out
+
+
+def test_flagged_shows_only_what_the_scorers_disagree_on_and_why(
+    cli: Cli, run: RunRecord, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The verifier passes r0000 and r0002 (outcome 1) and fails the rest; the judge fails r0000 and
+    # passes r0004: those two are flagged, the agreeing r0001 and r0002 are not.
+    write_scores(run, [judged(run, i, score) for i, score in {0: 0.1, 1: 0.1, 2: 0.9, 4: 0.8}.items()])
+    code, out, err = review(cli, monkeypatch, "f\n", run.run_id, "--reviewer", "ann", "--flagged")
+    assert code == 0, err
+    assert "rollout 1/2" in out and rid(run, 0) in out and rid(run, 1) not in out
+    assert "flagged: verifier passed, judge/judge-model@abc failed" in " ".join(out.split())
+    code, out, err = review(cli, monkeypatch, "p\n", run.run_id, "--reviewer", "ann", "--flagged")
+    assert code == 0, err
+    assert "rollout 1/1" in out and rid(run, 4) in out
+    assert "flagged: judge/judge-model@abc passed, verifier failed" in " ".join(out.split())
+    assert [(x.rollout_id, x.label) for x in labels(run)] == [(rid(run, 0), "fail"), (rid(run, 4), "pass")]
+    code, out, _ = review(cli, monkeypatch, "", run.run_id, "--reviewer", "ann", "--flagged")
+    assert code == 0 and "labelled every matching flagged rollout" in out
 
 
 def test_bad_input_is_one_line_and_writes_nothing(cli: Cli, run: RunRecord, tmp_path: Path) -> None:
@@ -165,7 +173,9 @@ def test_bad_input_is_one_line_and_writes_nothing(cli: Cli, run: RunRecord, tmp_
     assert "--split: 'dev' is not a split; use one of train, eval, holdout" in cli.error(
         "review", run.run_id, "--reviewer", "ann", "--split", "dev"
     )
-    assert "--limit and --split" in cli.error("review", run.run_id, "--import", str(bad), "--limit", "3")
+    assert "--limit, --split and --flagged" in cli.error(
+        "review", run.run_id, "--import", str(bad), "--limit", "3"
+    )
     assert "no run matches 'nope'" in cli.error("review", "nope", "--reviewer", "ann")
 
 

@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 from cli_support import Cli
 
-from reprorl.evaluation.judge import JudgeScore, write_scores
+from reprorl.evaluation.judge import write_scores
 from reprorl.evaluation.labels import import_labels
 from reprorl.evaluation.stats import proportion_ci
 from reprorl.hashing import content_hash
 from reprorl.store import RunRecord, Store
 from reprorl.store.rollouts import RolloutWriter
 from reprorl.types import Reward, Trajectory
-from rollout_records import make
+from rollout_records import judge_score, make
 
 # Rollouts 0-11 are scored. The verifier passes 0-6 and fails 7-11; ann says 0-3 pass and 4-5 fail
 # (two false positives), 7-9 fail and 10 pass (one false negative); 6 and 11 are unlabelled.
@@ -74,16 +74,8 @@ def run(store: Store, tmp_path: Path) -> RunRecord:
     write_scores(
         record,
         [
-            JudgeScore(
-                run_id=record.run_id,
-                rollout_id=rid(record, i),
-                judge="judge-model@abc",
-                judge_model="judge-model",
-                prompt_hash="sha256:abc",
-                request_hash=f"sha256:{i}",
-                score=0.9 if i < 5 else 0.1,  # passes 4, which ann failed: one false positive
-                time="2025-01-01T00:00:00+00:00",
-            )
+            # Passes 4, which ann failed: one false positive.
+            judge_score(record.run_id, rid(record, i), 0.9 if i < 5 else 0.1, n=i)
             for i in range(12)
         ],
     )

@@ -39,13 +39,20 @@ def review(
     split: str | None = typer.Option(
         None, "--split", help="Only rollouts of this split: train, eval, holdout."
     ),
+    flagged: bool = typer.Option(
+        False,
+        "--flagged",
+        help="Only rollouts the verifier and a cross-verifier or judge disagree on (see verifier-errors).",
+    ),
 ) -> None:
     """Label rollouts pass/fail turn by turn, or import labels; stored apart from judge scores."""
     store = options(ctx).store()
     record = find_run(store, run)
     if import_file is not None:
-        if limit is not None or split is not None:
-            raise UserInputError("--limit and --split choose rollouts to review at the terminal; drop them")
+        if limit is not None or split is not None or flagged:
+            raise UserInputError(
+                "--limit, --split and --flagged choose rollouts to review at the terminal; drop them"
+            )
         from reprorl.evaluation.labels import import_labels, labels_path
 
         imported = import_labels(record, import_file, reviewer=reviewer)
@@ -55,7 +62,7 @@ def review(
     else:
         if reviewer is None or not reviewer.strip():
             raise UserInputError("name who is reviewing, e.g. --reviewer alice", field="--reviewer")
-        _review(store, record, reviewer.strip(), limit, _split(split))
+        _review(store, record, reviewer.strip(), limit, _split(split), _flags(record) if flagged else None)
     _print_agreement(record, reviewer)
 
 
@@ -69,21 +76,49 @@ def _split(value: str | None) -> Split | None:
         raise UserInputError(f"{value!r} is not a split; use one of {choices}", field="--split") from None
 
 
-def _review(store: Store, record: RunRecord, reviewer: str, limit: int | None, split: Split | None) -> None:
+def _flags(record: RunRecord) -> dict[str, list[str]]:
+    """Why each rollout the scorers disagree on is flagged, e.g. 'verifier passed, cross/sql failed'."""
+    from reprorl.evaluation.verifier_errors import verifier_errors
+
+    reasons: dict[str, list[str]] = {}
+    for pair in verifier_errors(record, None).disagreements:
+        for rollout_id in pair.a_only_pass:
+            reasons.setdefault(rollout_id, []).append(f"{pair.a} passed, {pair.b} failed")
+        for rollout_id in pair.b_only_pass:
+            reasons.setdefault(rollout_id, []).append(f"{pair.b} passed, {pair.a} failed")
+    return reasons
+
+
+def _review(
+    store: Store,
+    record: RunRecord,
+    reviewer: str,
+    limit: int | None,
+    split: Split | None,
+    flags: dict[str, list[str]] | None,
+) -> None:
     from reprorl.evaluation.labels import append_label, labels_path, read_labels, reviewed_by
     from reprorl.store.rollout_query import RolloutStore
 
     done = reviewed_by(read_labels(record), reviewer)
     # Retried attempts were infra failures, never the agent's result: nothing to judge in them.
     where = "NOT retried" + (f" AND split = '{split.value}'" if split else "")
-    pending = _pending(RolloutStore(record).trajectories(where), done, limit)
+    trajectories = RolloutStore(record).trajectories(where)
+    if flags is not None:
+        trajectories = (t for t in trajectories if t.rollout_id in flags)
+    pending = _pending(trajectories, done, limit)
     if not pending:
-        console.print(f"nothing to review: {reviewer} has labelled every matching rollout of {record.run_id}")
+        which = "flagged " if flags is not None else ""
+        console.print(
+            f"nothing to review: {reviewer} has labelled every matching {which}rollout of {record.run_id}"
+        )
         return
     tasks = _TaskLookup(store, record)
     tally = {"pass": 0, "fail": 0, "score": 0, "skip": 0}
     for number, trajectory in enumerate(pending, start=1):
         console.print(f"\n[bold]rollout {number}/{len(pending)}[/bold]")
+        if flags is not None:
+            console.print(f"flagged: {'; '.join(flags[trajectory.rollout_id])}", markup=False)
         answer = _show_and_ask(trajectory, tasks.prompt(trajectory))
         if answer.action == "quit":
             break

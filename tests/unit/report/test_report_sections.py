@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from reprorl.cli.main import main
-from reprorl.evaluation.judge import JudgeScore, write_scores
+from reprorl.evaluation.judge import write_scores
 from reprorl.evaluation.labels import Label, append_label
 from reprorl.hashing import content_hash
 from reprorl.report import build_report, render_report
@@ -19,7 +19,7 @@ from reprorl.report.trajectories import pick
 from reprorl.store import RunRecord, Store
 from reprorl.store.rollouts import RolloutWriter
 from reprorl.types import Reward, Split, Termination, ToolCall, ToolOutcome, ToolResult, Trajectory, Turn
-from rollout_records import KINDS, make
+from rollout_records import KINDS, judge_score, make
 
 HOSTILE = "<script>alert('pwned')</script>"
 SUITE = "calc-eval"
@@ -292,16 +292,7 @@ def test_judge_against_human_labels(store: Store, full_run: RunRecord) -> None:
             ),
         )
     scores = [
-        JudgeScore(
-            run_id=full_run.run_id,
-            rollout_id=rollout_id,
-            judge="m@abc",
-            judge_model="m",
-            prompt_hash="sha256:p",
-            request_hash=f"sha256:{i}",
-            score=value,
-            time="2025-01-01T00:00:00+00:00",
-        )
+        judge_score(full_run.run_id, rollout_id, value, judge="m@abc", n=i)
         for i, (rollout_id, value) in enumerate(zip(ids, (1.0, 0.0, 0.0, 0.0), strict=True))
     ]
     write_scores(full_run, scores)

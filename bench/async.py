@@ -99,6 +99,7 @@ async def main(args: argparse.Namespace) -> None:
         "learning.max_tokens=48",
         f"data.noise.latency_s={args.latency}",
         f"data.noise.latency_sigma={args.sigma}",
+        f"learning.lockstep={args.lockstep}",
     ]
     with resources.as_file(resources.files("reprorl") / "configs" / "demo.toml") as spec_file:
         adapter = LoraAdapter.model_validate(read_toml(spec_file)["model"]["adapter"])
@@ -127,7 +128,7 @@ async def main(args: argparse.Namespace) -> None:
     print()
     print(
         f"lognormal tool latency: median {args.latency} s, sigma {args.sigma}; "
-        f"{args.steps} steps of 4 tasks x 4 rollouts"
+        f"{args.steps} steps of 4 tasks x 4 rollouts; lockstep: {args.lockstep}"
     )
     print(
         "| loop | staleness | busy | busy, steady | samples/s | RL wall s | train s/step | wait s "
@@ -151,5 +152,11 @@ if __name__ == "__main__":
     parser.add_argument("--latency", type=float, default=1.5, help="median tool latency, seconds")
     parser.add_argument("--sigma", type=float, default=1.0, help="lognormal sigma of the tool latency")
     parser.add_argument("--staleness", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument(
+        "--lockstep",
+        choices=["batch", "group"],
+        default="group",
+        help="whose turns wait for each other (learning.lockstep), the same for every configuration",
+    )
     parser.add_argument("--keep", help="keep the scratch store here")
     asyncio.run(main(parser.parse_args()))

@@ -247,6 +247,12 @@ class LearningSpec(SpecModel):
         ge=1,
         description="Episodes run at once; their model turns are sampled together (it shapes the batches).",
     )
+    lockstep: Literal["batch", "group"] = Field(
+        default="batch",
+        description="Whose model turns wait for each other to be sampled as one batch: every episode "
+        "running at once (`batch`: the largest batches) or a group's members only (`group`: a turn "
+        "waits for its own group's slowest tool call, not the batch's). Batches never depend on timing.",
+    )
     drop_zero_variance_groups: bool = Field(
         default=True, description="Skip groups whose rewards are all equal (no signal); counted."
     )

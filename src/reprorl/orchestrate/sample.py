@@ -24,7 +24,7 @@ from reprorl.orchestrate.judge_reward import check_judge, record_judge, run_judg
 from reprorl.orchestrate.launch import create_run
 from reprorl.orchestrate.policies import OpenedPolicy, open_policy
 from reprorl.rollout.episode import EpisodeLimits
-from reprorl.rollout.runner import RolloutResult, RolloutRunner, plan_groups
+from reprorl.rollout.runner import BARRIERS, RolloutResult, RolloutRunner, plan_groups
 from reprorl.store import RunRecord, Store
 from reprorl.store.rollouts import RolloutWriter
 from reprorl.types import SamplingParams, Split, Task, TaskSet, Termination
@@ -78,6 +78,7 @@ def runner_for(opened: OpenedPolicy, spec: RunSpec, run_id: str, store_root: Pat
         concurrency=learning.rollout_concurrency,
         max_batch=learning.rollout_concurrency,
         judge=run_judge(spec, store_root),
+        barrier=BARRIERS[learning.lockstep](),
     )
 
 

@@ -3,7 +3,10 @@
 Jobs are planned from the run's seed (`plan_groups`): member m of task t at step s gets the seed
 `derive_seed(run_seed, kind, s, t, m)`, so a rerun draws the same groups and members differ. The
 runner spreads jobs over `concurrency` lanes; each lane runs its jobs one after another, and the
-lanes' model turns are batched in lockstep (see `reprorl.rollout.model_policy`).
+lanes' model turns are batched in lockstep (see `reprorl.rollout.model_policy`). The barrier says
+whose turns wait for each other: the whole batch's (`BatchBarrier`, the largest batches) or only a
+group's (`GroupBarrier`: with slow, uneven tools a group no longer waits for another's slowest
+call). Either way a batch depends on what its episodes did, never on timing.
 
 An infrastructure failure (the sandbox would not start, the sampler raised) is not the agent's: the
 episode is run again from the start, up to `max_infra_retries` times. The failed attempt is kept as
@@ -20,7 +23,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from functools import partial
 from types import TracebackType
-from typing import Self
+from typing import Protocol, Self
 
 from reprorl.config.spec import PriceTable
 from reprorl.envs.base import EnvConfig
@@ -89,6 +92,44 @@ def plan_groups(
     return jobs
 
 
+class Barrier(Protocol):
+    """Which episodes' model turns wait for each other, to be sampled as one batch."""
+
+    name: str
+
+    def parts(self, jobs: Sequence[RolloutJob], concurrency: int) -> tuple[list[list[int]], int]:
+        """Job indices that share a lockstep, part by part, and how many parts may run at once."""
+        ...
+
+
+class BatchBarrier:
+    """Every episode of the batch: the largest batches, and each turn waits for the batch's slowest
+    tool call."""
+
+    name = "batch"
+
+    def parts(self, jobs: Sequence[RolloutJob], concurrency: int) -> tuple[list[list[int]], int]:
+        return [list(range(len(jobs)))], 1
+
+
+class GroupBarrier:
+    """A group's members only: a turn waits for the slowest tool call of its own group, never of
+    another, at the price of more, smaller batches. Groups run whole, as many at once as
+    `concurrency` holds (at least one)."""
+
+    name = "group"
+
+    def parts(self, jobs: Sequence[RolloutJob], concurrency: int) -> tuple[list[list[int]], int]:
+        groups: dict[str, list[int]] = {}
+        for i, job in enumerate(jobs):
+            groups.setdefault(job.group_id, []).append(i)
+        largest = max((len(g) for g in groups.values()), default=1)
+        return list(groups.values()), max(1, concurrency // largest)
+
+
+BARRIERS: dict[str, type[BatchBarrier] | type[GroupBarrier]] = {"batch": BatchBarrier, "group": GroupBarrier}
+
+
 @dataclass
 class RolloutResult:
     """The rollouts that count (in job order) and the infra-failed attempts that were retried."""
@@ -123,6 +164,7 @@ class RolloutRunner:
         sandbox_limits: SandboxLimits | None = None,
         check_prefix: bool = True,
         judge: RewardJudge | None = None,
+        barrier: Barrier | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -138,6 +180,7 @@ class RolloutRunner:
         self.sandbox_limits = sandbox_limits
         self.check_prefix = check_prefix
         self.judge = judge
+        self.barrier = barrier or BatchBarrier()
         self._stack: AsyncExitStack | None = None
         self._sandboxes: SandboxPool | None = None
         self._verifiers: VerifierRunner | None = None
@@ -198,17 +241,39 @@ class RolloutRunner:
             self._check_task(job.task)
         if self.sampler is None and self.policy_for is None:
             raise RuntimeError("a runner without a sampler runs scripted policies only (with_policy)")
-        lockstep = Lockstep(self.sampler, max_batch=self.max_batch) if self.sampler is not None else None
-        lanes = min(self.concurrency, len(jobs))
         finals: list[Trajectory | None] = [None] * len(jobs)
         retried: list[list[Trajectory]] = [[] for _ in jobs]
+        parts, at_once = self.barrier.parts(jobs, self.concurrency)
+        slots = asyncio.Semaphore(at_once)
+
+        async def run_part(part: list[int]) -> None:
+            async with slots:
+                await self._run_lanes(jobs, part, finals, retried, on_done)
+
+        await asyncio.gather(*(run_part(part) for part in parts))
+        return RolloutResult(
+            trajectories=[t for t in finals if t is not None],
+            retried=[t for attempts in retried for t in attempts],
+        )
+
+    async def _run_lanes(
+        self,
+        jobs: Sequence[RolloutJob],
+        part: list[int],
+        finals: list[Trajectory | None],
+        retried: list[list[Trajectory]],
+        on_done: Callable[[Trajectory], None] | None,
+    ) -> None:
+        """The jobs `part` names, on lanes of their own whose model turns share one lockstep."""
+        lockstep = Lockstep(self.sampler, max_batch=self.max_batch) if self.sampler is not None else None
+        lanes = min(self.concurrency, len(part))
         for lane in range(lanes):
             if lockstep is not None:
                 lockstep.join(lane)
 
         async def run_lane(lane: int) -> None:
             try:
-                for index in range(lane, len(jobs), lanes):
+                for index in part[lane::lanes]:
                     finals[index] = await self._with_retries(jobs[index], lane, lockstep, retried[index])
                     if on_done is not None:
                         on_done(finals[index])  # type: ignore[arg-type]
@@ -217,10 +282,6 @@ class RolloutRunner:
                     lockstep.leave(lane)
 
         await asyncio.gather(*(run_lane(lane) for lane in range(lanes)))
-        return RolloutResult(
-            trajectories=[t for t in finals if t is not None],
-            retried=[t for attempts in retried for t in attempts],
-        )
 
     def lost(self, job: RolloutJob, rollout_id: str, error: str) -> Trajectory:
         """The record of an attempt the platform lost before it could report (a worker died).

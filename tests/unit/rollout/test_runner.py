@@ -23,7 +23,7 @@ from reprorl.policy.chat import ChatRenderer
 from reprorl.policy.sampling import Sample, SampleRequest
 from reprorl.rollout import FAMILIES
 from reprorl.rollout.episode import EpisodeLimits, Provenance
-from reprorl.rollout.runner import RolloutRunner, plan_groups
+from reprorl.rollout.runner import Barrier, BatchBarrier, GroupBarrier, RolloutRunner, plan_groups
 from reprorl.types import SamplingParams, Split, Task, Termination, ToolOutcome, Trajectory
 
 
@@ -89,6 +89,7 @@ def _run(
     concurrency: int = 32,
     env_config: EnvConfig | None = None,
     prices: PriceTable | None = None,
+    barrier: Barrier | None = None,
 ) -> tuple[list[Trajectory], list[Trajectory]]:
     async def go() -> tuple[list[Trajectory], list[Trajectory]]:
         async with RolloutRunner(
@@ -101,6 +102,7 @@ def _run(
             env_config=env_config,
             prices=prices,
             concurrency=concurrency,
+            barrier=barrier,
         ) as runner:
             result = await runner.run(plan_groups(tasks, group, run_id="r", run_seed=1, step=2))
             return result.trajectories, result.retried
@@ -151,6 +153,42 @@ def test_batches_are_the_same_whatever_the_tool_latency(model: LoadedModel) -> N
     first_batch = runs[0][0][0]
     assert len(first_batch) == 4  # four lanes share the first barrier
     assert all(len(b) <= 4 for b in runs[0][0])
+
+
+def test_a_group_barrier_batches_each_group_alone_whatever_the_latency(model: LoadedModel) -> None:
+    """With the group barrier a turn waits for its own group's members only: every batch holds one
+    group's turns, all of its members that are still running, and reruns under random tool delays
+    build the same batches; at most concurrency // group size groups run at once."""
+    renderer = ChatRenderer(model.tokenizer)
+    jittery = EnvConfig(noise=NoiseSpec(jitter_s=0.05))
+    runs = []
+    for _ in range(2):
+        sampler = ScriptedSampler(model)
+        finals, _ = _run(
+            sampler, renderer, _tasks(4), group=3, concurrency=6, env_config=jittery, barrier=GroupBarrier()
+        )
+        runs.append(sampler.batches)
+        assert len(finals) == 12 and all(t.termination is Termination.ANSWERED for t in finals)
+    assert sorted(runs[0]) == sorted(runs[1])
+    assert len(runs[0]) == 8  # two turns of each of the four groups
+    for batch in runs[0]:
+        groups = {key.rsplit("/", 2)[0] for key in batch}
+        assert len(groups) == 1 and len(batch) == 3
+    # Four groups of three at concurrency 6: two at a time (a group runs from its first batch to
+    # its last), so two overlap but never three.
+    order = [batch[0].rsplit("/", 2)[0] for batch in runs[0]]
+    spans = {g: (order.index(g), len(order) - 1 - order[::-1].index(g)) for g in set(order)}
+    overlap = [sum(a <= i <= b for a, b in spans.values()) for i in range(len(order))]
+    assert max(overlap) == 2
+
+
+def test_the_batch_barrier_is_the_default_and_spans_the_groups(model: LoadedModel) -> None:
+    renderer = ChatRenderer(model.tokenizer)
+    default, explicit = ScriptedSampler(model), ScriptedSampler(model)
+    _run(default, renderer, _tasks(2), group=3)
+    _run(explicit, renderer, _tasks(2), group=3, barrier=BatchBarrier())
+    assert default.batches == explicit.batches and len(default.batches) == 2
+    assert all(len(b) == 6 for b in default.batches)
 
 
 def test_an_infra_failure_is_retried_and_kept_apart(model: LoadedModel) -> None:

@@ -16,11 +16,12 @@ steps through the real loop and reads its records:
 A synchronous step waits for its slowest episode; the asynchronous loop samples the next steps
 meanwhile. Target: busy >= 0.9 for the asynchronous configurations. Run it alone on the machine.
 
-Two things bound the figures on a 2-core box: the lanes of a batch sample in lockstep (so that
-batches, hence floating-point results, do not depend on timing), which makes a batch last about
-the sum over turns of its slowest tool call; and sampling competes with the update for the cores,
-so an overlapped update takes longer. A short run is also dominated by filling the pipeline: the
-trainer waits for the first batch whatever the staleness bound.
+Where sampling runs. In a deployment inference and training have hardware of their own; here the
+sampler is one Ray rollout worker (`learning.rollout_workers = 1`, `--ray local`: a process of its
+own) and the trainer stays in this process, each on one torch thread (`--threads 1`), so each has
+a core of the two. `--in-process` samples in this process instead: the sampler's and the trainer's
+threads then contend for the interpreter and the cores, and an update that overlaps sampling takes
+two to three times as long (measured), which measures the box, not the loop.
 
     .venv/bin/python bench/async.py [--steps 6] [--latency 1.5] [--sigma 1.0] [--staleness 1 2 4]
 """
@@ -34,6 +35,8 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from reprorl.config import LoraAdapter, load_spec, resolve_spec
 from reprorl.config.load import read_toml
@@ -78,6 +81,7 @@ def measure(record: RunRecord) -> dict[str, float]:
 
 
 async def main(args: argparse.Namespace) -> None:
+    torch.set_num_threads(args.threads)
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="reprorl-bench-async-"))
     store = Store(root / "home")
     store.add("smollm2-135m-instruct", bundled_gguf(), kind="model")
@@ -100,6 +104,7 @@ async def main(args: argparse.Namespace) -> None:
         f"data.noise.latency_s={args.latency}",
         f"data.noise.latency_sigma={args.sigma}",
         f"learning.lockstep={args.lockstep}",
+        "learning.rollout_workers=1",
     ]
     with resources.as_file(resources.files("reprorl") / "configs" / "demo.toml") as spec_file:
         adapter = LoraAdapter.model_validate(read_toml(spec_file)["model"]["adapter"])
@@ -123,12 +128,13 @@ async def main(args: argparse.Namespace) -> None:
                 store.pin,
             )
             print(f"{mode} staleness {k}: {args.steps} steps ...", flush=True)
-            record = await train_run(store, spec)
+            record = await train_run(store, spec, ray=None if args.in_process else "local")
             results.append((mode, k, measure(record)))
     print()
     print(
         f"lognormal tool latency: median {args.latency} s, sigma {args.sigma}; "
-        f"{args.steps} steps of 4 tasks x 4 rollouts; lockstep: {args.lockstep}"
+        f"{args.steps} steps of 4 tasks x 4 rollouts; lockstep: {args.lockstep}; "
+        f"sampling {'in process' if args.in_process else 'in a Ray worker'}, {args.threads} thread(s) each"
     )
     print(
         "| loop | staleness | busy | busy, steady | samples/s | RL wall s | train s/step | wait s "
@@ -157,6 +163,15 @@ if __name__ == "__main__":
         choices=["batch", "group"],
         default="group",
         help="whose turns wait for each other (learning.lockstep), the same for every configuration",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads of this process: with 1, sampling and training each have a core of their own",
+    )
+    parser.add_argument(
+        "--in-process", action="store_true", help="sample in this process, not in a Ray rollout worker"
     )
     parser.add_argument("--keep", help="keep the scratch store here")
     asyncio.run(main(parser.parse_args()))

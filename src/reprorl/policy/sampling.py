@@ -22,6 +22,7 @@ when it scores the same tokens.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -63,6 +64,9 @@ class Sample:
     text: str
     batch: tuple[str, ...] = ()  # keys of every row of the batch, in slot order
     policy_version: str = ""
+    # This row's share of the CPU seconds its batch took, measured by the sampler while the batch
+    # had it to itself; None where the sampler does not measure (a remote server).
+    cpu_s: float | None = None
 
 
 class Sampler(Protocol):
@@ -168,7 +172,9 @@ class LocalSampler:
             if not row.request.prompt_ids:
                 raise ValueError(f"request {row.request.key!r} has an empty prompt")
         with self._turn, torch.inference_mode():
+            started = time.process_time()
             self._decode(rows)
+            cpu_s = (time.process_time() - started) / len(rows)
             policy_version = self.policy_version
         return [
             Sample(
@@ -183,6 +189,7 @@ class LocalSampler:
                 ),
                 batch=keys,
                 policy_version=policy_version,
+                cpu_s=cpu_s,
             )
             for row in rows
         ]

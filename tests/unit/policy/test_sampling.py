@@ -275,6 +275,8 @@ def test_concurrent_callers_take_turns_and_get_their_serial_bits(
     for size, runs in results.items():
         assert len(runs) == 3
         for run in runs:
+            # CPU seconds are the batch's own, measured while it held the sampler.
+            assert all(s.cpu_s is not None and s.cpu_s > 0 for s in run)
             assert [(s.token_ids, s.logprobs) for s in run] == [
                 (s.token_ids, s.logprobs) for s in alone[size]
             ]

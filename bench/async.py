@@ -23,6 +23,11 @@ a core of the two. `--in-process` samples in this process instead: the sampler's
 threads then contend for the interpreter and the cores, and an update that overlaps sampling takes
 two to three times as long (measured), which measures the box, not the loop.
 
+What bounds the figures: at most max_staleness + 1 batches are in flight, so the trainer is busy
+at most (max_staleness + 1) x update time / batch latency, and a batch lasts about its slowest
+tool call (the maximum of 16 lognormal delays) plus its sampling; the run also prints the
+hardware bound, update time over a batch's sampling CPU seconds, from the synchronous run.
+
     .venv/bin/python bench/async.py [--steps 6] [--latency 1.5] [--sigma 1.0] [--staleness 1 2 4]
 """
 
@@ -77,6 +82,7 @@ def measure(record: RunRecord) -> dict[str, float]:
         "wait_s": sum(m.get("timing/wait_s", 0.0) for m in steps),
         "train_s_per_step": train / len(steps),
         "env_share": sum(m["timing/env_share"] for m in steps) / len(steps),
+        "sample_cpu_s_per_step": sum(m["rollout_cpu_s"] for m in steps) / len(steps),
     }
 
 
@@ -149,7 +155,14 @@ async def main(args: argparse.Namespace) -> None:
             f" | {r['wall_s']:.0f} | {r['train_s_per_step']:.1f} | {r['wait_s']:.0f}"
             f" | {r['staleness_mean']:.1f}/{r['staleness_max']:.0f} |"
         )
-    print(f"\nepisode time in tools and env (sync run): {results[0][2]['env_share']:.0%}; records: {root}")
+    sync = results[0][2]
+    # With a core each, the trainer can be busy at most while sampling keeps up with it.
+    bound = min(1.0, sync["train_s_per_step"] / sync["sample_cpu_s_per_step"])
+    print(
+        f"\nhardware bound (sync run): an update takes {sync['train_s_per_step']:.1f} s, sampling a batch "
+        f"{sync['sample_cpu_s_per_step']:.1f} CPU s, so busy <= {bound:.2f} once sampling is the bottleneck"
+    )
+    print(f"episode time in tools and env (sync run): {sync['env_share']:.0%}; records: {root}")
 
 
 if __name__ == "__main__":
@@ -161,7 +174,7 @@ if __name__ == "__main__":
     parser.add_argument(
         "--lockstep",
         choices=["batch", "group"],
-        default="group",
+        default="batch",
         help="whose turns wait for each other (learning.lockstep), the same for every configuration",
     )
     parser.add_argument(

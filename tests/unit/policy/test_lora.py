@@ -169,14 +169,19 @@ def test_the_saved_config_does_not_depend_on_the_process_hash_seed(tmp_path: Pat
         "m = apply_lora(t.model, rank=2, targets=('q_proj', 'k_proj', 'v_proj', 'o_proj'));"
         "print(save_adapter(m, Path(sys.argv[1]), base_hash=t.base_hash))"
     )
-    digests = set()
-    for seed in ("1", "2", "3"):
-        out = subprocess.run(
+    children = [
+        subprocess.Popen(
             [sys.executable, "-c", child, str(tmp_path / seed)],
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            check=True,
             env={**__import__("os").environ, "PYTHONHASHSEED": seed},
         )
-        digests.add(out.stdout.strip().splitlines()[-1])
+        for seed in ("1", "2", "3")
+    ]
+    digests = set()
+    for proc in children:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-2000:]
+        digests.add(out.strip().splitlines()[-1])
     assert len(digests) == 1, digests

@@ -14,7 +14,11 @@ steps through the real loop and reads its records:
 - mean and max staleness, and the seconds the trainer waited for a batch.
 
 A synchronous step waits for its slowest episode; the asynchronous loop samples the next steps
-meanwhile. Target: busy >= 0.9 for the asynchronous configurations. Run it alone on the machine.
+meanwhile, with each step's batch either the groups planned for it (`learning.assembly =
+"planned"`, under `--lockstep`) or the first groups to finish (`"arrival"`, with the open
+`arrival` lockstep: no turn waits for another episode's tool call). `--assembly` picks which of the
+two are run (both by default). Target: busy >= 0.9 for the asynchronous configurations. Run it
+alone on the machine.
 
 Where sampling runs. In a deployment inference and training have hardware of their own; here the
 sampler is one Ray rollout worker (`learning.rollout_workers = 1`, `--ray local`: a process of its
@@ -23,12 +27,15 @@ a core of the two. `--in-process` samples in this process instead: the sampler's
 threads then contend for the interpreter and the cores, and an update that overlaps sampling takes
 two to three times as long (measured), which measures the box, not the loop.
 
-What bounds the figures: at most max_staleness + 1 batches are in flight, so the trainer is busy
-at most (max_staleness + 1) x update time / batch latency, and a batch lasts about its slowest
-tool call (the maximum of 16 lognormal delays) plus its sampling; the run also prints the
-hardware bound, update time over a batch's sampling CPU seconds, from the synchronous run.
+What bounds the figures: a sample from version v must be trained by step v + max_staleness, so
+whatever the order an episode has about max_staleness updates' time from its start to finish
+before the trainer waits for it. Planned batches wait for the slowest of 16 episodes (each turn
+waits for the batch's slowest tool call under the batch lockstep); arrival batches wait only for a
+group that is due. The run also prints the hardware bound, update time over a batch's sampling CPU
+seconds, from the synchronous run.
 
     .venv/bin/python bench/async.py [--steps 6] [--latency 1.5] [--sigma 1.0] [--staleness 1 2 4]
+        [--assembly planned arrival]
 """
 
 from __future__ import annotations
@@ -109,7 +116,6 @@ async def main(args: argparse.Namespace) -> None:
         "learning.max_tokens=48",
         f"data.noise.latency_s={args.latency}",
         f"data.noise.latency_sigma={args.sigma}",
-        f"learning.lockstep={args.lockstep}",
         "learning.rollout_workers=1",
     ]
     with resources.as_file(resources.files("reprorl") / "configs" / "demo.toml") as spec_file:
@@ -122,40 +128,46 @@ async def main(args: argparse.Namespace) -> None:
         )
         store.add("bench-sft", root / "sft", kind="adapter", meta={"base_model": loaded.base_hash})
         del loaded
-        configs = [("sync", 0), *(("async", k) for k in args.staleness)]
+        configs = [("sync", "planned", args.lockstep, 0)]
+        for assembly in args.assembly:
+            lockstep = "arrival" if assembly == "arrival" else args.lockstep
+            configs += [("async", assembly, lockstep, k) for k in args.staleness]
         results = []
-        for mode, k in configs:
+        for mode, assembly, lockstep, k in configs:
+            config = [
+                f"learning.mode={mode}",
+                f"learning.assembly={assembly}",
+                f"learning.lockstep={lockstep}",
+                f"learning.max_staleness={k}",
+            ]
             spec = resolve_spec(
-                load_spec(
-                    spec_file,
-                    [*overrides, f"learning.mode={mode}", f"learning.max_staleness={k}"],
-                    pin_bare=store.pin_newest,
-                ),
-                store.pin,
+                load_spec(spec_file, [*overrides, *config], pin_bare=store.pin_newest), store.pin
             )
-            print(f"{mode} staleness {k}: {args.steps} steps ...", flush=True)
+            print(
+                f"{mode} {assembly} ({lockstep} lockstep) staleness {k}: {args.steps} steps ...", flush=True
+            )
             record = await train_run(store, spec, ray=None if args.in_process else "local")
-            results.append((mode, k, measure(record)))
+            results.append((mode, assembly, lockstep, k, measure(record)))
     print()
     print(
         f"lognormal tool latency: median {args.latency} s, sigma {args.sigma}; "
-        f"{args.steps} steps of 4 tasks x 4 rollouts; lockstep: {args.lockstep}; "
+        f"{args.steps} steps of 4 tasks x 4 rollouts; "
         f"sampling {'in process' if args.in_process else 'in a Ray worker'}, {args.threads} thread(s) each"
     )
     print(
-        "| loop | staleness | busy | busy, steady | samples/s | RL wall s | train s/step | wait s "
-        "| staleness mean/max |"
+        "| loop | batches | lockstep | staleness | busy | busy, steady | samples/s | RL wall s "
+        "| train s/step | sampling CPU s/step | wait s | staleness mean/max |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
-    sync_rate = results[0][2]["samples_per_s"]
-    for mode, k, r in results:
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    sync_rate = results[0][4]["samples_per_s"]
+    for mode, assembly, lockstep, k, r in results:
         rate = f"{r['samples_per_s']:.3f} ({r['samples_per_s'] / sync_rate:.2f}x)"
         print(
-            f"| {mode} | {k} | {r['busy']:.2f} | {r['busy_steady']:.2f} | {rate}"
-            f" | {r['wall_s']:.0f} | {r['train_s_per_step']:.1f} | {r['wait_s']:.0f}"
-            f" | {r['staleness_mean']:.1f}/{r['staleness_max']:.0f} |"
+            f"| {mode} | {assembly} | {lockstep} | {k} | {r['busy']:.2f} | {r['busy_steady']:.2f} | {rate}"
+            f" | {r['wall_s']:.0f} | {r['train_s_per_step']:.1f} | {r['sample_cpu_s_per_step']:.1f}"
+            f" | {r['wait_s']:.0f} | {r['staleness_mean']:.1f}/{r['staleness_max']:.0f} |"
         )
-    sync = results[0][2]
+    sync = results[0][4]
     # With a core each, the trainer can be busy at most while sampling keeps up with it.
     bound = min(1.0, sync["train_s_per_step"] / sync["sample_cpu_s_per_step"])
     print(
@@ -175,7 +187,14 @@ if __name__ == "__main__":
         "--lockstep",
         choices=["batch", "group"],
         default="batch",
-        help="whose turns wait for each other (learning.lockstep), the same for every configuration",
+        help="whose turns wait for each other (learning.lockstep) in the sync and planned configurations",
+    )
+    parser.add_argument(
+        "--assembly",
+        choices=["planned", "arrival"],
+        nargs="+",
+        default=["planned", "arrival"],
+        help="which async batches to run (learning.assembly); arrival ones use the arrival lockstep",
     )
     parser.add_argument(
         "--threads",

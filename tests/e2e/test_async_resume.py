@@ -61,20 +61,27 @@ def _home(tmp_path: Path, name: str) -> Path:
 
 def _start(home: Path, *args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-c", CLI, "--home", str(home), "run", *args],
+        [sys.executable, "-c", CLI, "--debug", "--home", str(home), "run", *args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,
     )
 
 
+def _buffered(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """The sampled, untrained work a checkpoint's queue holds: batches, or finished groups."""
+    if state.get("assembly") == "arrival":
+        return [g for g in state["started"] if g["part"] is not None]
+    return list(state["buffered"])
+
+
 def _buffered_checkpoint(home: Path, seen: set[tuple[str, int]]) -> bool:
-    """Whether the run has a new checkpoint (not in `seen`) whose queue holds an untrained batch."""
+    """Whether the run has a new checkpoint (not in `seen`) whose queue holds untrained samples."""
     for run in run_ids(home):
         for pipeline in (home / "runs" / run / "checkpoints").glob("step-*/pipeline.json"):
             try:
                 key = (pipeline.parent.name, pipeline.stat().st_mtime_ns)
-                if key not in seen and json.loads(pipeline.read_text())["buffered"]:
+                if key not in seen and _buffered(json.loads(pipeline.read_text())):
                     return True
             except (OSError, ValueError):
                 pass  # being written or replaced
@@ -101,17 +108,13 @@ def _outcome(home: Path) -> dict[str, Any]:
     return {"adapter": saved[-1], "metrics": result_figures(record), "rollouts": rollouts}
 
 
-def test_a_killed_async_run_keeps_every_buffered_sample(tmp_path: Path) -> None:
-    reference_home = _home(tmp_path, "reference")
-    proc = _start(reference_home, str(tmp_path / "spec.toml"))
-    assert proc.wait(timeout=600) == 0, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
-    reference = _outcome(reference_home)
-
-    home = _home(tmp_path, "killed")
-    buffered_at_kill: list[list[dict[str, Any]]] = []
-    proc = _start(home, str(tmp_path / "spec.toml"))
+def _kill_at_buffered_checkpoints(home: Path, spec: Path, kills: int) -> list[dict[str, Any]]:
+    """Run, SIGKILL the run whenever a new checkpoint holds untrained samples, resume; up to
+    `kills` times. Returns each killed checkpoint's pipeline state."""
+    states: list[dict[str, Any]] = []
+    proc = _start(home, str(spec))
     seen: set[tuple[str, int]] = set()
-    while len(buffered_at_kill) < 2:
+    while len(states) < kills:
         deadline = time.perf_counter() + 300
         while proc.poll() is None and not _buffered_checkpoint(home, seen) and time.perf_counter() < deadline:
             time.sleep(0.01)
@@ -120,14 +123,54 @@ def test_a_killed_async_run_keeps_every_buffered_sample(tmp_path: Path) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         (run_id,) = run_ids(home)
-        record = RunRecord(Store(home), run_id)
-        checkpoint = latest_checkpoint(record)
+        checkpoint = latest_checkpoint(RunRecord(Store(home), run_id))
         assert checkpoint is not None
-        buffered = json.loads((checkpoint.path / "pipeline.json").read_text())["buffered"]
-        buffered_at_kill.append(buffered)
+        states.append(json.loads((checkpoint.path / "pipeline.json").read_text()))
         seen = _checkpoints(home)
         proc = _start(home, "--resume", run_id)
     assert proc.wait(timeout=600) == 0, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+    return states
+
+
+def test_a_killed_arrival_run_keeps_every_finished_group_and_trains_each_once(tmp_path: Path) -> None:
+    """Arrival order: the checkpoint names its finished groups by part and its running ones by
+    version; after SIGKILL the resume reads the finished ones back (counted), samples only the
+    others again, and every planned group is trained exactly once."""
+    (tmp_path / "spec.toml").write_text(
+        SPEC.replace('mode = "async"', 'mode = "async"\nassembly = "arrival"\nlockstep = "arrival"')
+    )
+    home = tiny_home(tmp_path, "killed")
+    states = _kill_at_buffered_checkpoints(home, tmp_path / "spec.toml", kills=2)
+    (run_id,) = run_ids(home)
+    record = RunRecord(Store(home), run_id)
+    events = record.events().records
+    restores = [e for e in events if e.get("event") == "buffers_restored"]
+    assert len(restores) == len(states) >= 1
+    assert any(_buffered(s) for s in states), "no kill fell while the queue held a finished group"
+    for restored, state in zip(restores, states, strict=True):
+        kept = {g["group"] for g in restored["groups"]}
+        assert {g["group"] for g in _buffered(state)} <= kept
+        assert restored["rollouts"] == len(kept) * GROUP
+        running = {g["group"] for g in state["started"] if g["part"] is None}
+        assert {g["group"] for g in restored["resampled"]} | (kept & running) == running
+    # The batches that count: each step's last assembly (a resume redoes the steps after its checkpoint).
+    final = {e["step"]: e for e in events if e.get("event") == "batch_assembled"}
+    assert sorted(final) == list(range(STEPS))
+    trained = sorted(g["group"] for e in final.values() for g in e["groups"])
+    assert trained == list(range(STEPS * TASKS))
+    assert all(e["step"] - g["version"] <= 2 for e in final.values() for g in e["groups"])
+    ids = [t.rollout_id for t in RolloutStore(record).trajectories("split = 'train' AND NOT retried")]
+    assert len(ids) == len(set(ids)) == STEPS * TASKS * GROUP
+
+
+def test_a_killed_async_run_keeps_every_buffered_sample(tmp_path: Path) -> None:
+    reference_home = _home(tmp_path, "reference")
+    proc = _start(reference_home, str(tmp_path / "spec.toml"))
+    assert proc.wait(timeout=600) == 0, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+    reference = _outcome(reference_home)
+
+    home = _home(tmp_path, "killed")
+    buffered_at_kill = [_buffered(s) for s in _kill_at_buffered_checkpoints(home, tmp_path / "spec.toml", 2)]
 
     (run_id,) = run_ids(home)
     record = RunRecord(Store(home), run_id)

@@ -147,3 +147,56 @@ def test_turning_the_correction_off_is_recorded(tmp_path: Path) -> None:
     assert event["field"] == "learning.correction" and event["max_staleness"] == 1
     (step,) = [m for m in record.metrics().records if m.get("stage") is None]
     assert step["train/is_weight_min"] == step["train/is_weight_max"] == 1.0
+
+
+def _assembled(record: RunRecord) -> list[dict[str, Any]]:
+    return [e for e in record.events().records if e.get("event") == "batch_assembled"]
+
+
+@pytest.mark.parametrize("staleness", [0, 2])
+def test_arrival_batches_train_every_group_once_within_the_bound(tmp_path: Path, staleness: int) -> None:
+    """Groups go to the trainer as they finish: each step's batch is whole, every planned group is
+    trained exactly once, none later than the bound or across an eval point, and each rollout was
+    sampled from the version its step's event names. At staleness 0 that is the planned batches."""
+    store = tiny_training_store(tmp_path)
+    spec = _spec(
+        store,
+        tmp_path,
+        "learning.mode=async",
+        "learning.assembly=arrival",
+        "learning.lockstep=arrival",
+        f"learning.max_staleness={staleness}",
+        "learning.steps=5",
+        "evaluation.every_steps=3",
+    )
+    record = asyncio.run(train_run(store, spec))
+    assert record.status()["status"] == "succeeded"
+    events = _assembled(record)
+    assert [e["step"] for e in events] == list(range(5))
+    tasks = spec.learning.tasks_per_step
+    trained = [g["group"] for e in events for g in e["groups"]]
+    assert sorted(trained) == list(range(5 * tasks))  # each once, none dropped
+    versions: dict[str, set[str]] = {}
+    for t in RolloutStore(record).trajectories("split = 'train'"):
+        versions.setdefault(t.group_id, set()).update(turn.policy_version for turn in t.turns)
+    lines = {m["step"]: m for m in record.metrics().records if m.get("stage") is None}
+    published = {m["step"]: m["policy_version"] for m in record.metrics().records if m.get("stage") == "eval"}
+    for e in events:
+        step, groups = e["step"], e["groups"]
+        assert len(groups) == tasks
+        lags = [step - g["version"] for g in groups]
+        assert all(0 <= lag <= staleness for lag in lags)
+        # Eval points (steps 0 and 3) are barriers: nothing sampled before one trains after it.
+        assert all((g["version"] >= 3) == (step >= 3) for g in groups)
+        assert lines[step]["staleness_max"] == max(lags)
+        assert lines[step]["staleness_mean"] == pytest.approx(sum(lags) / len(lags))
+        for g in groups:
+            assert g["planned_step"] == g["group"] // tasks
+            assert len(versions[g["group_id"]]) == 1
+            if g["version"] in published:  # the weights an eval point measured
+                assert versions[g["group_id"]] == {published[g["version"]]}
+        if staleness == 0:
+            assert [g["planned_step"] for g in groups] == [step] * tasks
+            assert lags == [0] * tasks
+    ids = [t.rollout_id for t in RolloutStore(record).trajectories("split = 'train' AND NOT retried")]
+    assert len(ids) == len(set(ids)) == 5 * tasks * spec.learning.group_size

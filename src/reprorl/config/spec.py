@@ -221,6 +221,14 @@ class LearningSpec(SpecModel):
         "samples from the weights after update s - max_staleness (never older than the last eval point), "
         "so 0 gives the synchronous loop's results.",
     )
+    assembly: Literal["planned", "arrival"] = Field(
+        default="planned",
+        description="Async mode: which groups a step trains on. `planned`: the groups the synchronous "
+        "loop draws for it, from the version max_staleness names (batches never depend on timing). "
+        "`arrival`: the first groups to finish, earliest staleness deadline first, each sampled from the "
+        "newest version the bound lets it use; the trainer waits only for a group at its deadline, but "
+        "which step trains which group depends on timing (each step's `batch_assembled` event says).",
+    )
     rollout_workers: int = Field(
         default=1,
         ge=1,
@@ -247,11 +255,13 @@ class LearningSpec(SpecModel):
         ge=1,
         description="Episodes run at once; their model turns are sampled together (it shapes the batches).",
     )
-    lockstep: Literal["batch", "group"] = Field(
+    lockstep: Literal["batch", "group", "arrival"] = Field(
         default="batch",
         description="Whose model turns wait for each other to be sampled as one batch: every episode "
         "running at once (`batch`: the largest batches) or a group's members only (`group`: a turn "
-        "waits for its own group's slowest tool call, not the batch's). Batches never depend on timing.",
+        "waits for its own group's slowest tool call, not the batch's); with these, batches never "
+        "depend on timing. `arrival`: no turn waits; the turns waiting when the sampler comes free are "
+        "sampled together (their batch depends on timing, and each turn records it for replay).",
     )
     drop_zero_variance_groups: bool = Field(
         default=True, description="Skip groups whose rewards are all equal (no signal); counted."
@@ -262,6 +272,12 @@ class LearningSpec(SpecModel):
     sft_imperfect_fraction: float = Field(
         default=0.0, ge=0.0, le=1.0, description="Share of SFT demos made deliberately wrong."
     )
+
+    @model_validator(mode="after")
+    def _arrival_is_async(self) -> LearningSpec:
+        if self.assembly == "arrival" and self.mode != "async":
+            raise ValueError("learning.assembly = 'arrival' needs learning.mode = 'async'")
+        return self
 
 
 class RollbackRule(SpecModel):

@@ -17,8 +17,11 @@ depend on speed, not on the run's conditions).
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.progress import Progress, TaskID
 
@@ -115,8 +118,10 @@ class AsyncTrainLoop(TrainLoop):
 
     # -- the loop ------------------------------------------------------------------------------
 
-    async def train_batch(self, batch: Batch, wait_s: float) -> None:
-        """One update on a queued batch, run off the event loop so sampling goes on meanwhile."""
+    async def train_batch(self, batch: Batch, wait_s: float, versions: Sequence[int] = ()) -> None:
+        """One update on a queued batch, run off the event loop so sampling goes on meanwhile.
+
+        `versions`: the version of each of its groups, when they differ (arrival order)."""
         step = batch.step
         data, group_stats = group_data(batch.result.trajectories, self.learning)
         t1 = time.perf_counter()
@@ -124,16 +129,16 @@ class AsyncTrainLoop(TrainLoop):
         train_s = time.perf_counter() - t1
         cycle = time.perf_counter() - self._busy_since
         self._busy_since = time.perf_counter()
-        staleness = float(step - batch.version)
+        lags = [float(step - v) for v in versions or (batch.version,)]
         timing = {
             "rollout_s": batch.wall_s,
             "rollout_cpu_s": sum(t.cpu_s for t in batch.result.all()),
             "train_s": train_s,
             "timing/wait_s": wait_s,
             "timing/trainer_busy": train_s / cycle if cycle > 0 else 1.0,
-            "timing/queue_depth": float(self.queue.depth),
+            "timing/queue_depth": float(self.queue_depth()),
         }
-        group_stats.update(staleness_mean=staleness, staleness_max=staleness)
+        group_stats.update(staleness_mean=statistics.fmean(lags), staleness_max=max(lags))
         self.log_step(step, batch.result, data, group_stats, train, timing, batch.policy_version)
 
     async def run(self, start: int, *, show_progress: bool = False) -> list[EvalPoint]:
@@ -148,17 +153,7 @@ class AsyncTrainLoop(TrainLoop):
             bar = progress.add_task("steps", total=learning.steps, completed=start)
             async with runner_for(self.opened, self.spec, self.record.run_id, self.store.root) as runner:
                 batches = await self._batches(runner)
-                producer = Producer(
-                    batches,
-                    self.versions,
-                    self.queue,
-                    self.writer,
-                    plan=self.plan,
-                    version_for=self.version_for,
-                )
-                done = {b.step for b in self.queue.buffered()}
-                todo = [s for s in range(start, learning.steps) if s not in done]
-                sampling = asyncio.create_task(producer.run(todo))
+                sampling = asyncio.create_task(self.produce(batches, start))
                 try:
                     points = await self._train(runner, start, progress, bar)
                 finally:
@@ -169,6 +164,27 @@ class AsyncTrainLoop(TrainLoop):
                         if batches.lost:
                             self.record.event("rollout_workers_lost", workers=batches.lost)
         return points
+
+    def queue_depth(self) -> int:
+        return self.queue.depth
+
+    def produce(self, batches: BatchRunner, start: int) -> Coroutine[Any, Any, None]:
+        """The producer's work: sample what steps `start` onwards train on, as far ahead as the bound
+        allows. What is still to sample is decided now, before the trainer takes anything."""
+        producer = Producer(
+            batches, self.versions, self.queue, self.writer, plan=self.plan, version_for=self.version_for
+        )
+        done = {b.step for b in self.queue.buffered()}
+        return producer.run([s for s in range(start, self.learning.steps) if s not in done])
+
+    async def open_version(self, step: int) -> None:
+        """Let the producer sample from version `step` (its eval point, if any, is behind it)."""
+        self.versions.open(step)
+
+    async def train_step(self, step: int) -> None:
+        waited = time.perf_counter()
+        batch = await self.queue.take(step)
+        await self.train_batch(batch, time.perf_counter() - waited)
 
     async def _batches(self, runner: RolloutRunner) -> BatchRunner:
         """Where batches run: this process, or Ray actors; recorded, since the split shapes results."""
@@ -192,12 +208,10 @@ class AsyncTrainLoop(TrainLoop):
                 points.extend(new)
                 if self.guard is not None and not self.guard_points(step, new):
                     break
-            self.versions.open(step)
+            await self.open_version(step)
             if step == learning.steps:
                 break
-            waited = time.perf_counter()
-            batch = await self.queue.take(step)
-            await self.train_batch(batch, time.perf_counter() - waited)
+            await self.train_step(step)
             self.current = step + 1
             progress.advance(bar)
             if (step + 1) % learning.checkpoint_every == 0 and step + 1 < learning.steps:

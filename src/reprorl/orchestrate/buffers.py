@@ -59,12 +59,17 @@ def save_pipeline(
         for b in buffered
         if b.part is not None and b.sha256 is not None
     ]
+    state = {"buffered": entries, "versions": save_versions(folder, versions)}
+    (folder / PIPELINE_FILE).write_text(json.dumps(state, sort_keys=True, indent=1) + "\n")
+
+
+def save_versions(folder: Path, versions: dict[int, tuple[str, dict[str, torch.Tensor]]]) -> dict[str, str]:
+    """Each version's tensors into the checkpoint being staged; returns index -> hash for its record."""
     (folder / VERSIONS_DIR).mkdir(exist_ok=True)
     for index, (_, tensors) in sorted(versions.items()):
         target = folder / VERSIONS_DIR / f"{index}.safetensors"
         save_file({n: t.contiguous() for n, t in tensors.items()}, str(target))
-    state = {"buffered": entries, "versions": {str(i): v for i, (v, _) in sorted(versions.items())}}
-    (folder / PIPELINE_FILE).write_text(json.dumps(state, sort_keys=True, indent=1) + "\n")
+    return {str(i): v for i, (v, _) in sorted(versions.items())}
 
 
 def load_pipeline(folder: Path) -> PipelineState | None:
@@ -111,19 +116,25 @@ def surviving_batches(
     return [kept[s] for s in sorted(kept)]
 
 
-def read_batch(record: RunRecord, buffered: BufferedBatch) -> Batch:
-    """A stored batch as the trainer takes it: its rollouts that count, then the retried attempts."""
-    path = record.path / buffered.part
-    verify_part(path, buffered.step, buffered.sha256, record.run_id)
+def read_result(record: RunRecord, part: str, step: int, sha256: str, policy_version: str) -> RolloutResult:
+    """A stored part as the trainer takes it: its rollouts that count, then the retried attempts;
+    checked against its hash and against the version that should have sampled it."""
+    path = record.path / part
+    verify_part(path, step, sha256, record.run_id)
     table = pq.ParquetFile(path).read(columns=["record"])  # type: ignore[no-untyped-call]
     rows = table.column("record").to_pylist()
     trajectories = [Trajectory.model_validate_json(row) for row in rows]
-    if any(t.policy_version != buffered.policy_version for t in trajectories if t.turns):
-        raise RecordError(f"{buffered.part}: its rollouts were not sampled from {buffered.policy_version}")
-    result = RolloutResult(
+    if any(t.policy_version != policy_version for t in trajectories if t.turns):
+        raise RecordError(f"{part}: its rollouts were not sampled from {policy_version}")
+    return RolloutResult(
         trajectories=[t for t in trajectories if not t.retried],
         retried=[t for t in trajectories if t.retried],
     )
+
+
+def read_batch(record: RunRecord, buffered: BufferedBatch) -> Batch:
+    """A stored batch as the trainer takes it."""
+    result = read_result(record, buffered.part, buffered.step, buffered.sha256, buffered.policy_version)
     return Batch(
         buffered.step,
         buffered.version,

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from reprorl.orchestrate.versions import PolicyVersion, PolicyVersions
 from reprorl.orchestrate.workers import BatchRunner
 from reprorl.rollout.runner import RolloutJob, RolloutResult
-from reprorl.store.rollouts import RolloutWriter
+from reprorl.store.rollouts import PartFile, RolloutWriter
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,61 @@ class SampleQueue:
         return len(self._done)
 
 
-class Producer:
+class VersionUser:
+    """What a producer does with policy versions: ship each to the batch runner once, hold one
+    while a batch samples from it, and retire those nothing will sample from again."""
+
+    def __init__(self, batches: BatchRunner, versions: PolicyVersions) -> None:
+        self.batches, self.versions = batches, versions
+        self._shipped: set[int] = set()  # versions the batch runner has received
+        self._newest = -1  # the version the latest started batch samples from
+
+    async def hold(self, index: int) -> PolicyVersion:
+        """Version `index`, once published and open, held for one batch."""
+        version = await self.versions.wait(index)
+        if index not in self._shipped:
+            await self.batches.publish(version)
+            self._shipped.add(index)
+        version.users += 1
+        self._newest = max(self._newest, index)
+        self.versions.retire_below(self._newest)
+        await self.batches.retire_below(self._newest)
+        return version
+
+    def release(self, version: PolicyVersion) -> None:
+        version.users -= 1
+        self.versions.retire_below(self._newest)
+
+
+Fail = Callable[[BaseException], Awaitable[None]]
+
+
+def stored(writer: RolloutWriter, part: PartFile | None) -> tuple[str | None, str | None]:
+    """A written part as a queue entry names it: its path in the run folder, its sha256."""
+    if part is None:
+        return None, None
+    return part.path.relative_to(writer.run_dir).as_posix(), part.sha256
+
+
+async def gather_or_fail(tasks: set[asyncio.Task[None]], fail: Fail) -> None:
+    """Wait for a producer's tasks; on an error cancel the rest and pass the error on (`fail`)."""
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException as exc:
+        await cancel_all(tasks, exc, fail)
+        raise
+
+
+async def cancel_all(tasks: set[asyncio.Task[None]], exc: BaseException, fail: Fail) -> None:
+    """Cancel a producer's tasks after `exc`, and tell the trainer unless it was a cancellation."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    if not isinstance(exc, asyncio.CancelledError):
+        await fail(exc)
+
+
+class Producer(VersionUser):
     """Samples each step's batch from the version the staleness bound names, as soon as it exists."""
 
     def __init__(
@@ -86,35 +140,22 @@ class Producer:
         plan: Callable[[int], Sequence[RolloutJob]],
         version_for: Callable[[int], int],
     ) -> None:
-        self.batches, self.versions, self.queue, self.writer = batches, versions, queue, writer
+        super().__init__(batches, versions)
+        self.queue, self.writer = queue, writer
         self.plan, self.version_for = plan, version_for
         self.in_flight: set[int] = set()
-        self._shipped: set[int] = set()  # versions the batch runner has received
-        self._newest = -1  # the version the latest started batch samples from
 
     async def run(self, steps: Iterable[int]) -> None:
         tasks: set[asyncio.Task[None]] = set()
         try:
             for step in steps:
-                index = self.version_for(step)
-                version = await self.versions.wait(index)
-                if index not in self._shipped:
-                    await self.batches.publish(version)
-                    self._shipped.add(index)
-                version.users += 1
-                self._newest = max(self._newest, index)
-                self.versions.retire_below(self._newest)
-                await self.batches.retire_below(self._newest)
+                version = await self.hold(self.version_for(step))
                 self.in_flight.add(step)
                 tasks.add(asyncio.create_task(self._sample(step, version)))
-            await asyncio.gather(*tasks)
         except BaseException as exc:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            if not isinstance(exc, asyncio.CancelledError):
-                await self.queue.fail(exc)
+            await cancel_all(tasks, exc, self.queue.fail)
             raise
+        await gather_or_fail(tasks, self.queue.fail)
 
     async def _sample(self, step: int, version: PolicyVersion) -> None:
         started = time.perf_counter()
@@ -122,17 +163,8 @@ class Producer:
             result = await self.batches.run(version, self.plan(step))
             part = self.writer.write(step, result.all())
         finally:
-            version.users -= 1
             self.in_flight.discard(step)
-            self.versions.retire_below(self._newest)
-        relative = part.path.relative_to(self.writer.run_dir).as_posix() if part is not None else None
-        batch = Batch(
-            step,
-            version.index,
-            version.version,
-            result,
-            relative,
-            part.sha256 if part is not None else None,
-            wall_s=time.perf_counter() - started,
-        )
-        await self.queue.put(batch)
+            self.release(version)
+        path, digest = stored(self.writer, part)
+        wall_s = time.perf_counter() - started
+        await self.queue.put(Batch(step, version.index, version.version, result, path, digest, wall_s=wall_s))

@@ -2,9 +2,9 @@
 
 `train_run` picks the loop the spec's `learning.mode` names — `TrainLoop` (synchronous) or
 `AsyncTrainLoop` (a producer samples ahead through the sample queue, on rollout workers here or on
-Ray) — and gives both the same
-frame: the leakage gate before anything is written, the SFT warm start or the newest intact
-checkpoint, and at the end the trained weights saved and registered with what they depend on.
+Ray; `ArrivalTrainLoop` when `learning.assembly = "arrival"`) — and gives them the same frame:
+the leakage gate before anything is written, the SFT warm start or the newest intact checkpoint,
+and at the end the trained weights saved and registered with what they depend on.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import shutil
 from typing import Any
 
 from reprorl.config import RunSpec
+from reprorl.orchestrate.arrival_train import ArrivalTrainLoop
 from reprorl.orchestrate.async_train import AsyncTrainLoop
 from reprorl.orchestrate.checkpoint import latest_checkpoint, rewind
 from reprorl.orchestrate.judge_reward import check_judge, record_judge
@@ -28,6 +29,8 @@ def loop_class(spec: RunSpec, ray: str | None) -> type[TrainLoop]:
     """The async loop for `learning.mode = "async"`, and wherever rollout workers are asked for: with
     `max_staleness = 0` it gives the synchronous loop's results."""
     learning = spec.learning
+    if learning.assembly == "arrival":
+        return ArrivalTrainLoop
     if learning.mode == "async" or learning.rollout_workers > 1 or ray is not None:
         return AsyncTrainLoop
     return TrainLoop

@@ -46,7 +46,11 @@ class BatchRunner(Protocol):
 
     async def publish(self, version: PolicyVersion) -> None: ...
 
-    async def run(self, version: PolicyVersion, jobs: Sequence[RolloutJob]) -> RolloutResult: ...
+    async def run(
+        self, version: PolicyVersion, jobs: Sequence[RolloutJob], *, first_group: int = 0
+    ) -> RolloutResult:
+        """`first_group`: the run-wide index of the jobs' first group, which deals groups to workers."""
+        ...
 
     async def retire_below(self, index: int) -> None: ...
 
@@ -60,11 +64,13 @@ class LocalBatches:
     async def publish(self, version: PolicyVersion) -> None:
         return None
 
-    async def run(self, version: PolicyVersion, jobs: Sequence[RolloutJob]) -> RolloutResult:
+    async def run(
+        self, version: PolicyVersion, jobs: Sequence[RolloutJob], *, first_group: int = 0
+    ) -> RolloutResult:
         runner = self.runner.with_sampler(version.sampler, version.provenance)
         if self.workers == 1:
             return await runner.run(jobs)
-        shares = deal(jobs, self.workers)
+        shares = [share for share in deal(jobs, self.workers, first_group) if share]
         results = await asyncio.gather(*(runner.run([jobs[i] for i in share]) for share in shares))
         return merge(len(jobs), shares, results)
 
@@ -127,13 +133,13 @@ class RolloutWorker:
             self.runner = None
 
 
-def deal(jobs: Sequence[RolloutJob], workers: int) -> list[list[int]]:
-    """Job indices per worker: whole groups, dealt in turn (group g to worker g mod N)."""
+def deal(jobs: Sequence[RolloutJob], workers: int, first_group: int = 0) -> list[list[int]]:
+    """Job indices per worker: whole groups, dealt in turn (group g to worker (first + g) mod N)."""
     shares: list[list[int]] = [[] for _ in range(workers)]
     groups: dict[str, int] = {}
     for i, job in enumerate(jobs):
         g = groups.setdefault(job.group_id, len(groups))
-        shares[g % workers].append(i)
+        shares[(first_group + g) % workers].append(i)
     return shares
 
 
@@ -183,7 +189,9 @@ class RayBatches:
             del self.actors[name]
             self.lost.append(f"{name}: {type(exc).__name__}")
 
-    async def run(self, version: PolicyVersion, jobs: Sequence[RolloutJob]) -> RolloutResult:
+    async def run(
+        self, version: PolicyVersion, jobs: Sequence[RolloutJob], *, first_group: int = 0
+    ) -> RolloutResult:
         import ray
 
         finals: list[Trajectory | None] = [None] * len(jobs)
@@ -192,11 +200,13 @@ class RayBatches:
         while pending:
             if not self.actors:
                 raise RuntimeError(f"every rollout worker died ({'; '.join(self.lost)})")
-            names = list(self.actors)
-            shares = deal([jobs[i] for i in pending], len(names))
+            alive = list(self.actors)
+            dealt = zip(alive, deal([jobs[i] for i in pending], len(alive), first_group), strict=True)
+            busy = [(name, share) for name, share in dealt if share]
+            names, shares = [name for name, _ in busy], [share for _, share in busy]
             calls = [
                 self.actors[name].run.remote(version.index, [jobs[pending[j]] for j in share])
-                for name, share in zip(names, shares, strict=True)
+                for name, share in busy
             ]
             outcomes = await asyncio.gather(*calls, return_exceptions=True)
             failed: list[int] = []

@@ -100,6 +100,14 @@ def stop_token_ids(tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
     return frozenset(ids)
 
 
+# One batch decodes at a time in a process, whichever sampler it is on. Concurrent callers (an eval
+# point and the batch sampled ahead of it; batches of two policy versions) take turns: a batch never
+# decodes with a packing another batch made for its size, two batches never split the torch
+# threads the process was given (a rollout worker granted one CPU uses one), and each batch's CPU
+# seconds are its own.
+DECODING = threading.Lock()
+
+
 class LocalSampler:
     """Batched, KV-cached sampling from a transformers model in this process."""
 
@@ -132,10 +140,6 @@ class LocalSampler:
             max((len(tokenizer.encode(s, add_special_tokens=False)) for s in stop_strings), default=1) + 2
         )
         self._packed: PackedLlama | None = None  # kept between calls: packing costs a few decode steps
-        # One sampler may serve concurrent callers (an eval point and the batch sampled ahead of it,
-        # each from its own thread): they take turns, so a batch never decodes with a packing
-        # another batch made for its size, and two batches never split the same cores.
-        self._turn = threading.Lock()
 
     @classmethod
     def from_loaded(cls, loaded: LoadedModel, *, policy_version: str | None = None) -> LocalSampler:
@@ -171,7 +175,7 @@ class LocalSampler:
         for row in rows:
             if not row.request.prompt_ids:
                 raise ValueError(f"request {row.request.key!r} has an empty prompt")
-        with self._turn, torch.inference_mode():
+        with DECODING, torch.inference_mode():
             started = time.process_time()
             self._decode(rows)
             cpu_s = (time.process_time() - started) / len(rows)

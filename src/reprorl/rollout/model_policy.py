@@ -5,7 +5,8 @@ same seeds builds the same batches: episodes run in lanes, and a batch is sample
 lane that is still working has asked for its next turn (or finished). Which requests share a batch
 therefore depends on what the episodes did, never on how fast their tools happened to answer, and
 floating-point results (which depend on the batch) are reproducible; each turn records its batch so
-a replay can re-run it as it was.
+a replay can re-run it as it was. `OpenLockstep` gives that up for throughput: no barrier, batches
+of whatever is waiting.
 
 `ModelPolicy` holds one episode's context as token ids: the first prompt is rendered once, then
 only sampled tokens and rendered tool results are appended (see `reprorl.policy.chat`).
@@ -47,24 +48,32 @@ class Lockstep:
 
     async def sample(self, lane: int, request: SampleRequest) -> tuple[Sample, float]:
         """Wait for the barrier, then return this request's sample and its share of CPU seconds."""
-        if lane not in self._lanes:
-            raise RuntimeError(f"lane {lane} has not joined")
+        slot = self._slot(lane)
         future: asyncio.Future[tuple[Sample, float]] = asyncio.get_running_loop().create_future()
-        self._pending[lane] = (request, future)
+        self._pending[slot] = (request, future)
         self._maybe_fire()
         try:
             return await future
         except asyncio.CancelledError:
             # A lane cut off by its wall-time limit must not hold the others at the barrier.
-            if self._pending.get(lane, (None, None))[1] is future:
-                del self._pending[lane]
+            if self._pending.get(slot, (None, None))[1] is future:
+                del self._pending[slot]
             self._maybe_fire()
             raise
 
+    def _slot(self, lane: int) -> int:
+        """Where a lane's request waits: one request per lane."""
+        if lane not in self._lanes:
+            raise RuntimeError(f"lane {lane} has not joined")
+        return lane
+
+    def _ready(self) -> bool:
+        return self._lanes.issubset(self._pending)
+
     def _maybe_fire(self) -> None:
-        if self._running or not self._pending or not self._lanes.issubset(self._pending):
+        if self._running or not self._pending or not self._ready():
             return
-        batch = [self._pending.pop(lane) for lane in sorted(self._pending)]
+        batch = [self._pending.pop(slot) for slot in sorted(self._pending)]
         self._running = True
         asyncio.get_running_loop().create_task(self._run(batch))
 
@@ -102,6 +111,44 @@ class Lockstep:
         started = time.process_time()
         samples = self.sampler.sample(requests)
         return samples, time.process_time() - started
+
+
+class OpenLockstep(Lockstep):
+    """No barrier: the requests waiting when the sampler comes free are sampled together, in the
+    order they came (continuous batching at turn granularity).
+
+    Nobody waits for a slow tool call, and one lockstep serves every episode on its sampler, so
+    batches fill under load; which requests share a batch depends on timing. Each turn still
+    records its batch, so a replay re-runs it exactly.
+    """
+
+    def __init__(self, sampler: Sampler, *, max_batch: int = 32, window_s: float = 0.01) -> None:
+        super().__init__(sampler, max_batch=max_batch)
+        self.window_s = window_s  # how long an idle sampler waits for company for a first request
+        self._tickets = 0
+        self._timer: asyncio.TimerHandle | None = None
+
+    def join(self, lane: int) -> None:
+        return None
+
+    def leave(self, lane: int) -> None:
+        return None
+
+    def _slot(self, lane: int) -> int:
+        self._tickets += 1
+        return self._tickets
+
+    def _ready(self) -> bool:
+        return True
+
+    def _maybe_fire(self) -> None:
+        if self._running or not self._pending or self._timer is not None:
+            return
+        self._timer = asyncio.get_running_loop().call_later(self.window_s, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        super()._maybe_fire()
 
 
 Submit = Callable[[SampleRequest], Awaitable[tuple[Sample, float]]]

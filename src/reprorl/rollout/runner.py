@@ -6,7 +6,8 @@ runner spreads jobs over `concurrency` lanes; each lane runs its jobs one after 
 lanes' model turns are batched in lockstep (see `reprorl.rollout.model_policy`). The barrier says
 whose turns wait for each other: the whole batch's (`BatchBarrier`, the largest batches) or only a
 group's (`GroupBarrier`: with slow, uneven tools a group no longer waits for another's slowest
-call). Either way a batch depends on what its episodes did, never on timing.
+call). Either way a batch depends on what its episodes did, never on timing. `ArrivalBarrier`
+trades that for throughput: no barrier, and one open lockstep per sampler across calls.
 
 An infrastructure failure (the sandbox would not start, the sampler raised) is not the agent's: the
 episode is run again from the start, up to `max_infra_retries` times. The failed attempt is kept as
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -36,7 +38,7 @@ from reprorl.rewards import VerifierRunner
 from reprorl.rollout.episode import EpisodeIds, EpisodeLimits, Policy, Provenance, run_episode
 from reprorl.rollout.families import FAMILIES, Family
 from reprorl.rollout.judging import RewardJudge, judged
-from reprorl.rollout.model_policy import Lockstep, ModelPolicy
+from reprorl.rollout.model_policy import Lockstep, ModelPolicy, OpenLockstep
 from reprorl.types import SamplingParams, Split, Task, Termination, Trajectory
 
 
@@ -101,6 +103,10 @@ class Barrier(Protocol):
         """Job indices that share a lockstep, part by part, and how many parts may run at once."""
         ...
 
+    def lockstep(self, sampler: Sampler, max_batch: int) -> Lockstep:
+        """The lockstep one part's model turns are batched by."""
+        ...
+
 
 class BatchBarrier:
     """Every episode of the batch: the largest batches, and each turn waits for the batch's slowest
@@ -111,8 +117,11 @@ class BatchBarrier:
     def parts(self, jobs: Sequence[RolloutJob], concurrency: int) -> tuple[list[list[int]], int]:
         return [list(range(len(jobs)))], 1
 
+    def lockstep(self, sampler: Sampler, max_batch: int) -> Lockstep:
+        return Lockstep(sampler, max_batch=max_batch)
 
-class GroupBarrier:
+
+class GroupBarrier(BatchBarrier):
     """A group's members only: a turn waits for the slowest tool call of its own group, never of
     another, at the price of more, smaller batches. Groups run whole, as many at once as
     `concurrency` holds (at least one)."""
@@ -127,7 +136,28 @@ class GroupBarrier:
         return list(groups.values()), max(1, concurrency // largest)
 
 
-BARRIERS: dict[str, type[BatchBarrier] | type[GroupBarrier]] = {"batch": BatchBarrier, "group": GroupBarrier}
+class ArrivalBarrier(GroupBarrier):
+    """No barrier at all: every episode on a sampler, whichever batch or call it came with, shares
+    one `OpenLockstep`, so a turn is sampled with the turns waiting when the sampler comes free.
+    Batches depend on timing; each turn records its own."""
+
+    name = "arrival"
+
+    def __init__(self) -> None:
+        self._open: weakref.WeakKeyDictionary[Sampler, OpenLockstep] = weakref.WeakKeyDictionary()
+
+    def lockstep(self, sampler: Sampler, max_batch: int) -> Lockstep:
+        shared = self._open.get(sampler)
+        if shared is None:
+            shared = self._open[sampler] = OpenLockstep(sampler, max_batch=max_batch)
+        return shared
+
+
+BARRIERS: dict[str, type[BatchBarrier]] = {
+    "batch": BatchBarrier,
+    "group": GroupBarrier,
+    "arrival": ArrivalBarrier,
+}
 
 
 @dataclass
@@ -265,7 +295,7 @@ class RolloutRunner:
         on_done: Callable[[Trajectory], None] | None,
     ) -> None:
         """The jobs `part` names, on lanes of their own whose model turns share one lockstep."""
-        lockstep = Lockstep(self.sampler, max_batch=self.max_batch) if self.sampler is not None else None
+        lockstep = self.barrier.lockstep(self.sampler, self.max_batch) if self.sampler is not None else None
         lanes = min(self.concurrency, len(part))
         for lane in range(lanes):
             if lockstep is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -280,3 +281,44 @@ def test_concurrent_callers_take_turns_and_get_their_serial_bits(
             assert [(s.token_ids, s.logprobs) for s in run] == [
                 (s.token_ids, s.logprobs) for s in alone[size]
             ]
+
+
+def test_two_samplers_in_one_process_decode_one_batch_at_a_time(
+    model: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches of two policy versions (two samplers) in one rollout worker never decode at once, so
+    the worker uses the torch threads it was given, not one set per version."""
+    import threading
+    import time
+
+    params = SamplingParams(temperature=1.0, max_tokens=4)
+    samplers = [LocalSampler.from_loaded(model), LocalSampler.from_loaded(model)]
+    active, most = [0], [0]
+
+    def slow(decode: Any) -> Any:
+        def overlapping(rows: list[object]) -> None:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+            time.sleep(0.05)
+            try:
+                decode(rows)
+            finally:
+                active[0] -= 1
+
+        return overlapping
+
+    for sampler in samplers:
+        monkeypatch.setattr(sampler, "_decode", slow(sampler._decode))
+    start = threading.Barrier(2)
+
+    def caller(sampler: LocalSampler, seed: int) -> None:
+        start.wait(timeout=10)
+        for _ in range(3):
+            sampler.sample(_requests(model, [seed], params))
+
+    threads = [threading.Thread(target=caller, args=(s, i)) for i, s in enumerate(samplers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert most[0] == 1

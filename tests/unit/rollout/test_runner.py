@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,7 +24,14 @@ from reprorl.policy.chat import ChatRenderer
 from reprorl.policy.sampling import Sample, SampleRequest
 from reprorl.rollout import FAMILIES
 from reprorl.rollout.episode import EpisodeLimits, Provenance
-from reprorl.rollout.runner import Barrier, BatchBarrier, GroupBarrier, RolloutRunner, plan_groups
+from reprorl.rollout.runner import (
+    ArrivalBarrier,
+    Barrier,
+    BatchBarrier,
+    GroupBarrier,
+    RolloutRunner,
+    plan_groups,
+)
 from reprorl.types import SamplingParams, Split, Task, Termination, ToolOutcome, Trajectory
 
 
@@ -80,6 +88,18 @@ def _tasks(n: int) -> list[Task]:
     return list(FAMILIES["calculator"].generate(0, train=n, eval=0, holdout=0)[Split.TRAIN].tasks)
 
 
+def _runner(sampler: ScriptedSampler, renderer: ChatRenderer, **settings: Any) -> RolloutRunner:
+    return RolloutRunner(
+        sampler,
+        renderer,
+        run_id="r",
+        params=SamplingParams(max_tokens=64),
+        provenance=Provenance("sha256:base", None, renderer.template_hash, sampler.info()),
+        limits=EpisodeLimits(max_turns=4, wall_s=60),
+        **settings,
+    )
+
+
 def _run(
     sampler: ScriptedSampler,
     renderer: ChatRenderer,
@@ -92,17 +112,8 @@ def _run(
     barrier: Barrier | None = None,
 ) -> tuple[list[Trajectory], list[Trajectory]]:
     async def go() -> tuple[list[Trajectory], list[Trajectory]]:
-        async with RolloutRunner(
-            sampler,
-            renderer,
-            run_id="r",
-            params=SamplingParams(max_tokens=64),
-            provenance=Provenance("sha256:base", None, renderer.template_hash, sampler.info()),
-            limits=EpisodeLimits(max_turns=4, wall_s=60),
-            env_config=env_config,
-            prices=prices,
-            concurrency=concurrency,
-            barrier=barrier,
+        async with _runner(
+            sampler, renderer, env_config=env_config, prices=prices, concurrency=concurrency, barrier=barrier
         ) as runner:
             result = await runner.run(plan_groups(tasks, group, run_id="r", run_seed=1, step=2))
             return result.trajectories, result.retried
@@ -239,3 +250,37 @@ def test_plan_groups_seeds() -> None:
     assert a[5].rollout_id == f"x/train/0/{tasks[1].id}/1" and a[5].group_id == f"x/train/0/{tasks[1].id}"
     with pytest.raises(ValueError):
         plan_groups(tasks, 0, run_id="x", run_seed=1, step=0)
+
+
+class SlowSampler(ScriptedSampler):
+    """A scripted sampler that takes a while per batch, so requests pile up behind it."""
+
+    def sample(self, requests: Sequence[SampleRequest]) -> list[Sample]:
+        time.sleep(0.05)
+        return super().sample(requests)
+
+
+def test_an_arrival_barrier_batches_whatever_waits_across_calls(model: LoadedModel) -> None:
+    """With no barrier, turns of separate `run` calls on one sampler share batches (as the arrival
+    producer's groups do); no turn waits for a lane, every episode ends, and each turn records the
+    batch it was sampled in."""
+    renderer = ChatRenderer(model.tokenizer)
+    sampler = SlowSampler(model)
+
+    async def go() -> list[Trajectory]:
+        async with _runner(sampler, renderer, concurrency=8, max_batch=3, barrier=ArrivalBarrier()) as runner:
+            calls = [
+                runner.run(plan_groups([task], 2, run_id="r", run_seed=1, step=s))
+                for s, task in enumerate(_tasks(4))
+            ]
+            return [t for result in await asyncio.gather(*calls) for t in result.trajectories]
+
+    finals = asyncio.run(go())
+    assert len(finals) == 8 and all(t.termination is Termination.ANSWERED for t in finals)
+    assert all(len(b) <= 3 for b in sampler.batches)
+    calls_per_batch = [len({key.split("/")[2] for key in batch}) for batch in sampler.batches]
+    assert max(calls_per_batch) > 1  # one lockstep across the calls
+    assert len(sampler.batches) < 16  # 16 turns, fewer batches: they were shared
+    for t in finals:
+        for i, turn in enumerate(t.turns):
+            assert turn.batch is not None and f"{t.rollout_id}/{i}" in turn.batch

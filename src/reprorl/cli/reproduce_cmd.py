@@ -26,7 +26,7 @@ def reproduce(
     if as_json:
         print_json(result.to_json())
     else:
-        for warning in result.code_warnings:
+        for warning in (*result.code_warnings, *result.timing_dependent):
             console.print(f"[yellow]warning:[/] {warning}")
         verdict = "[green]reproduced exactly[/]" if result.matches else "[red]differs[/]"
         console.print(

@@ -3,14 +3,14 @@
 The rerun takes the recorded spec (pinned to content hashes) and trains it as a new run in the same
 store. Then the two are compared: the code each ran (commit and uncommitted diff: a mismatch is a
 warning, not a refusal), every metric line in order with wall-clock figures set aside, and the
-hash of the final weights. On the CPU a run reproduces exactly; elsewhere the differences are the
-report.
+hash of the final weights. On the CPU a run reproduces exactly (unless its spec makes batches
+depend on timing, which the result names); elsewhere the differences are the report.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from reprorl.config import RunSpec
@@ -40,6 +40,7 @@ class Reproduction:
     adapter: tuple[str | None, str | None]  # final weights' hash: original, rerun
     differences: tuple[Difference, ...] = field(default=())
     lines_compared: int = 0
+    timing_dependent: tuple[str, ...] = ()  # spec settings under which reruns differ by design
 
     @property
     def matches(self) -> bool:
@@ -51,6 +52,7 @@ class Reproduction:
             "rerun": self.rerun,
             "matches": self.matches,
             "code_warnings": list(self.code_warnings),
+            "timing_dependent": list(self.timing_dependent),
             "adapter": {"original": self.adapter[0], "rerun": self.adapter[1]},
             "lines_compared": self.lines_compared,
             "differences": [
@@ -97,6 +99,22 @@ def code_warnings(original: RunRecord, rerun: RunRecord) -> tuple[str, ...]:
     return tuple(warnings)
 
 
+def timing_dependent(spec: RunSpec) -> tuple[str, ...]:
+    """The spec's settings whose results depend on timing, each with what differs because of it."""
+    learning, notes = spec.learning, []
+    if learning.assembly == "arrival":
+        notes.append(
+            "learning.assembly = 'arrival': which version samples each group and which step trains it "
+            "depend on timing (each step's batch_assembled event says), so a rerun can differ"
+        )
+    if learning.lockstep == "arrival":
+        notes.append(
+            "learning.lockstep = 'arrival': which turns share a sampling batch depends on timing, so "
+            "a rerun's samples can differ in their last bits (each turn records its batch for replay)"
+        )
+    return tuple(notes)
+
+
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
@@ -137,4 +155,4 @@ async def reproduce_run(store: Store, run_id: str, *, show_progress: bool = Fals
         )
     spec = RunSpec.model_validate(original.spec())
     rerun = await train_run(store, spec, show_progress=show_progress)
-    return compare_records(original, rerun)
+    return replace(compare_records(original, rerun), timing_dependent=timing_dependent(spec))

@@ -185,6 +185,13 @@ CASES: list[Case] = [
     case("seed-too-large", edit(("seed = 7", f"seed = {2**63}")), "seed"),
     case("lr-zero", edit(("lr = 5e-5", "lr = 0.0")), "learning.lr"),
     case("lr-negative", edit(("lr = 5e-5", "lr = -1e-5")), "learning.lr"),
+    case(
+        "arrival-without-async",
+        add_to("learning", 'assembly = "arrival"'),
+        "learning.assembly = 'arrival' needs learning.mode = 'async'",
+        leads=False,
+    ),
+    case("assembly-unknown", add_to("learning", 'assembly = "fastest"'), "learning.assembly"),
     case("steps-zero", edit(("steps = 10", "steps = 0")), "learning.steps"),
     case("group-size-one", edit(("group_size = 4", "group_size = 1")), "learning.group_size"),
     case("top-p-above-one", edit(("top_p = 1.0", "top_p = 1.5")), "learning.top_p"),

@@ -6,10 +6,13 @@ from __future__ import annotations
 import asyncio
 import random
 from dataclasses import dataclass, field
+from importlib import resources
 
 import pytest
 
+from reprorl.config import load_spec
 from reprorl.orchestrate.arrival import ArrivalQueue, FinishedGroup, Schedule
+from reprorl.orchestrate.reproduce import timing_dependent
 from reprorl.rollout.runner import RolloutResult
 
 
@@ -184,3 +187,24 @@ def test_a_producer_failure_reaches_the_trainer() -> None:
 
     with pytest.raises(ValueError, match="bad tools"):
         asyncio.run(go())
+
+
+ASYNC_ARRIVAL = ["learning.mode=async", "learning.assembly=arrival"]
+
+
+def _pinned(name: str) -> str:
+    return f"{name}@v1"
+
+
+def test_a_reproduction_names_the_settings_that_make_a_run_depend_on_timing() -> None:
+    with resources.as_file(resources.files("reprorl") / "configs" / "demo.toml") as path:
+        planned = load_spec(path, ["learning.mode=async"], pin_bare=_pinned)
+        arrival = load_spec(path, ASYNC_ARRIVAL, pin_bare=_pinned)
+        both = load_spec(path, [*ASYNC_ARRIVAL, "learning.lockstep=arrival"], pin_bare=_pinned)
+    assert timing_dependent(planned) == ()
+    (note,) = timing_dependent(arrival)
+    assert note.startswith("learning.assembly = 'arrival'") and "batch_assembled" in note
+    assert [n.split(":")[0] for n in timing_dependent(both)] == [
+        "learning.assembly = 'arrival'",
+        "learning.lockstep = 'arrival'",
+    ]

@@ -15,8 +15,8 @@ steps through the real loop and reads its records:
 
 A synchronous step waits for its slowest episode; the asynchronous loop samples the next steps
 meanwhile, with each step's batch either the groups planned for it (`learning.assembly =
-"planned"`, under `--lockstep`) or the first groups to finish (`"arrival"`, with the open
-`arrival` lockstep: no turn waits for another episode's tool call). `--assembly` picks which of the
+"planned"`, under `--lockstep`) or the first groups to finish (`"arrival"`, with the `arrival`
+lockstep: no group waits for another group's tool call, and groups ready together sample together). `--assembly` picks which of the
 two are run (both by default). Target: busy >= 0.9 for the asynchronous configurations. Run it
 alone on the machine.
 

@@ -260,8 +260,9 @@ class LearningSpec(SpecModel):
         description="Whose model turns wait for each other to be sampled as one batch: every episode "
         "running at once (`batch`: the largest batches) or a group's members only (`group`: a turn "
         "waits for its own group's slowest tool call, not the batch's); with these, batches never "
-        "depend on timing. `arrival`: no turn waits; the turns waiting when the sampler comes free are "
-        "sampled together (their batch depends on timing, and each turn records it for replay).",
+        "depend on timing. `arrival`: a group's members wait for each other, then every group waiting "
+        "when the sampler comes free is sampled together, across batches (which turns share a batch "
+        "depends on timing; each turn records it for replay).",
     )
     drop_zero_variance_groups: bool = Field(
         default=True, description="Skip groups whose rewards are all equal (no signal); counted."

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from reprorl.policy.chat import ChatRenderer
 from reprorl.policy.sampling import Sample, Sampler, SampleRequest
@@ -149,6 +149,57 @@ class OpenLockstep(Lockstep):
     def _fire(self) -> None:
         self._timer = None
         super()._maybe_fire()
+
+
+class Gate(Protocol):
+    """Where an episode lane's model turns wait to be sampled: a lockstep, or a round into a pool."""
+
+    def join(self, lane: int) -> None: ...
+
+    def leave(self, lane: int) -> None: ...
+
+    async def sample(self, lane: int, request: SampleRequest) -> tuple[Sample, float]: ...
+
+
+class PoolRound:
+    """A group's lanes wait for each other, as in a lockstep, then go to a shared `OpenLockstep`
+    together, where they are sampled with every other group's turns waiting at that moment.
+
+    A group can finish only when its slowest member does, so waiting for its members costs the
+    group little, and each sampling batch holds at least the group's live members."""
+
+    def __init__(self, pool: OpenLockstep) -> None:
+        self.pool = pool
+        self._lanes: set[int] = set()
+        self._waiting: set[int] = set()
+        self._go = asyncio.Event()
+
+    def join(self, lane: int) -> None:
+        self._lanes.add(lane)
+
+    def leave(self, lane: int) -> None:
+        self._lanes.discard(lane)
+        self._release()
+
+    async def sample(self, lane: int, request: SampleRequest) -> tuple[Sample, float]:
+        if lane not in self._lanes:
+            raise RuntimeError(f"lane {lane} has not joined")
+        go = self._go
+        self._waiting.add(lane)
+        self._release()
+        try:
+            await go.wait()
+        except asyncio.CancelledError:
+            # A lane cut off by its wall-time limit must not hold its group at the barrier.
+            self._waiting.discard(lane)
+            self._release()
+            raise
+        return await self.pool.sample(lane, request)
+
+    def _release(self) -> None:
+        if self._waiting and self._lanes <= self._waiting:
+            self._go.set()
+            self._go, self._waiting = asyncio.Event(), set()
 
 
 Submit = Callable[[SampleRequest], Awaitable[tuple[Sample, float]]]

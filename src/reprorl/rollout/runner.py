@@ -7,7 +7,8 @@ lanes' model turns are batched in lockstep (see `reprorl.rollout.model_policy`).
 whose turns wait for each other: the whole batch's (`BatchBarrier`, the largest batches) or only a
 group's (`GroupBarrier`: with slow, uneven tools a group no longer waits for another's slowest
 call). Either way a batch depends on what its episodes did, never on timing. `ArrivalBarrier`
-trades that for throughput: no barrier, and one open lockstep per sampler across calls.
+trades that for throughput: a group's turns, once all asked, join one open pool per sampler
+across calls, sampled with whatever else is waiting.
 
 An infrastructure failure (the sandbox would not start, the sampler raised) is not the agent's: the
 episode is run again from the start, up to `max_infra_retries` times. The failed attempt is kept as
@@ -38,7 +39,7 @@ from reprorl.rewards import VerifierRunner
 from reprorl.rollout.episode import EpisodeIds, EpisodeLimits, Policy, Provenance, run_episode
 from reprorl.rollout.families import FAMILIES, Family
 from reprorl.rollout.judging import RewardJudge, judged
-from reprorl.rollout.model_policy import Lockstep, ModelPolicy, OpenLockstep
+from reprorl.rollout.model_policy import Gate, Lockstep, ModelPolicy, OpenLockstep, PoolRound
 from reprorl.types import SamplingParams, Split, Task, Termination, Trajectory
 
 
@@ -103,8 +104,8 @@ class Barrier(Protocol):
         """Job indices that share a lockstep, part by part, and how many parts may run at once."""
         ...
 
-    def lockstep(self, sampler: Sampler, max_batch: int) -> Lockstep:
-        """The lockstep one part's model turns are batched by."""
+    def lockstep(self, sampler: Sampler, max_batch: int) -> Gate:
+        """Where one part's model turns wait to be batched."""
         ...
 
 
@@ -117,7 +118,7 @@ class BatchBarrier:
     def parts(self, jobs: Sequence[RolloutJob], concurrency: int) -> tuple[list[list[int]], int]:
         return [list(range(len(jobs)))], 1
 
-    def lockstep(self, sampler: Sampler, max_batch: int) -> Lockstep:
+    def lockstep(self, sampler: Sampler, max_batch: int) -> Gate:
         return Lockstep(sampler, max_batch=max_batch)
 
 
@@ -137,20 +138,21 @@ class GroupBarrier(BatchBarrier):
 
 
 class ArrivalBarrier(GroupBarrier):
-    """No barrier at all: every episode on a sampler, whichever batch or call it came with, shares
-    one `OpenLockstep`, so a turn is sampled with the turns waiting when the sampler comes free.
-    Batches depend on timing; each turn records its own."""
+    """A group's members wait for each other (as with `GroupBarrier`), then join one `OpenLockstep`
+    per sampler, shared by every batch and call: the groups waiting when the sampler comes free are
+    sampled together, so no group waits for another's tool call and batches still fill. Batches
+    depend on timing; each turn records its own."""
 
     name = "arrival"
 
     def __init__(self) -> None:
         self._open: weakref.WeakKeyDictionary[Sampler, OpenLockstep] = weakref.WeakKeyDictionary()
 
-    def lockstep(self, sampler: Sampler, max_batch: int) -> Lockstep:
+    def lockstep(self, sampler: Sampler, max_batch: int) -> Gate:
         shared = self._open.get(sampler)
         if shared is None:
             shared = self._open[sampler] = OpenLockstep(sampler, max_batch=max_batch)
-        return shared
+        return PoolRound(shared)
 
 
 BARRIERS: dict[str, type[BatchBarrier]] = {
@@ -359,7 +361,7 @@ class RolloutRunner:
             )
 
     async def _with_retries(
-        self, job: RolloutJob, lane: int, lockstep: Lockstep | None, failed: list[Trajectory]
+        self, job: RolloutJob, lane: int, lockstep: Gate | None, failed: list[Trajectory]
     ) -> Trajectory:
         attempt = 0
         while True:
@@ -371,7 +373,7 @@ class RolloutRunner:
             attempt += 1
 
     async def _episode(
-        self, job: RolloutJob, rollout_id: str, lane: int, lockstep: Lockstep | None
+        self, job: RolloutJob, rollout_id: str, lane: int, lockstep: Gate | None
     ) -> Trajectory:
         assert self._sandboxes is not None and self._verifiers is not None
         family = self._family(job.task)

@@ -10,6 +10,7 @@ import asyncio
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -260,15 +261,15 @@ class SlowSampler(ScriptedSampler):
         return super().sample(requests)
 
 
-def test_an_arrival_barrier_batches_whatever_waits_across_calls(model: LoadedModel) -> None:
-    """With no barrier, turns of separate `run` calls on one sampler share batches (as the arrival
-    producer's groups do); no turn waits for a lane, every episode ends, and each turn records the
-    batch it was sampled in."""
+def test_an_arrival_barrier_batches_whole_groups_across_calls(model: LoadedModel) -> None:
+    """A group's turns wait for each other, then join the turns of other `run` calls on the same
+    sampler (as the arrival producer's groups do): batches hold whole groups, from several calls;
+    every episode ends, and each turn records the batch it was sampled in."""
     renderer = ChatRenderer(model.tokenizer)
     sampler = SlowSampler(model)
 
     async def go() -> list[Trajectory]:
-        async with _runner(sampler, renderer, concurrency=8, max_batch=3, barrier=ArrivalBarrier()) as runner:
+        async with _runner(sampler, renderer, concurrency=8, max_batch=4, barrier=ArrivalBarrier()) as runner:
             calls = [
                 runner.run(plan_groups([task], 2, run_id="r", run_seed=1, step=s))
                 for s, task in enumerate(_tasks(4))
@@ -277,7 +278,10 @@ def test_an_arrival_barrier_batches_whatever_waits_across_calls(model: LoadedMod
 
     finals = asyncio.run(go())
     assert len(finals) == 8 and all(t.termination is Termination.ANSWERED for t in finals)
-    assert all(len(b) <= 3 for b in sampler.batches)
+    assert all(len(b) <= 4 for b in sampler.batches)
+    for batch in sampler.batches:  # both members of a group, at the same turn
+        rows = Counter((key.split("/")[2], key.rsplit("/", 1)[1]) for key in batch)
+        assert set(rows.values()) == {2}, batch
     calls_per_batch = [len({key.split("/")[2] for key in batch}) for batch in sampler.batches]
     assert max(calls_per_batch) > 1  # one lockstep across the calls
     assert len(sampler.batches) < 16  # 16 turns, fewer batches: they were shared

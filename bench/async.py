@@ -16,9 +16,9 @@ steps through the real loop and reads its records:
 A synchronous step waits for its slowest episode; the asynchronous loop samples the next steps
 meanwhile, with each step's batch either the groups planned for it (`learning.assembly =
 "planned"`, under `--lockstep`) or the first groups to finish (`"arrival"`, with the `arrival`
-lockstep: no group waits for another group's tool call, and groups ready together sample together). `--assembly` picks which of the
-two are run (both by default). Target: busy >= 0.9 for the asynchronous configurations. Run it
-alone on the machine.
+lockstep: no group waits for another group's tool call, and groups ready together sample
+together). `--assembly` picks which of the two are run (both by default). Target: busy >= 0.9 for
+the asynchronous configurations. Run it alone on the machine.
 
 Where sampling runs. In a deployment inference and training have hardware of their own; here the
 sampler is one Ray rollout worker (`learning.rollout_workers = 1`, `--ray local`: a process of its
@@ -29,10 +29,11 @@ two to three times as long (measured), which measures the box, not the loop.
 
 What bounds the figures: a sample from version v must be trained by step v + max_staleness, so
 whatever the order an episode has about max_staleness updates' time from its start to finish
-before the trainer waits for it. Planned batches wait for the slowest of 16 episodes (each turn
-waits for the batch's slowest tool call under the batch lockstep); arrival batches wait only for a
-group that is due. The run also prints the hardware bound, update time over a batch's sampling CPU
-seconds, from the synchronous run.
+before the trainer waits for it; the busy fraction is high only once max_staleness x update time
+exceeds most groups' latency (`--tasks` scales the update). Planned batches wait for the slowest
+of their episodes (each turn waits for the batch's slowest tool call under the batch lockstep);
+arrival batches wait only for a group that is due. The run also prints the hardware bound, update
+time over a batch's sampling CPU seconds, from the synchronous run.
 
     .venv/bin/python bench/async.py [--steps 6] [--latency 1.5] [--sigma 1.0] [--staleness 1 2 4]
         [--assembly planned arrival]
@@ -111,7 +112,7 @@ async def main(args: argparse.Namespace) -> None:
         f"evaluation.every_steps={args.steps}",
         'evaluation.suites=["calc-bench-eval"]',
         "evaluation.samples_per_task=1",
-        "learning.tasks_per_step=4",
+        f"learning.tasks_per_step={args.tasks}",
         "learning.group_size=4",
         "learning.max_tokens=48",
         f"data.noise.latency_s={args.latency}",
@@ -151,7 +152,7 @@ async def main(args: argparse.Namespace) -> None:
     print()
     print(
         f"lognormal tool latency: median {args.latency} s, sigma {args.sigma}; "
-        f"{args.steps} steps of 4 tasks x 4 rollouts; "
+        f"{args.steps} steps of {args.tasks} tasks x 4 rollouts; "
         f"sampling {'in process' if args.in_process else 'in a Ray worker'}, {args.threads} thread(s) each"
     )
     print(
@@ -183,6 +184,9 @@ if __name__ == "__main__":
     parser.add_argument("--latency", type=float, default=1.5, help="median tool latency, seconds")
     parser.add_argument("--sigma", type=float, default=1.0, help="lognormal sigma of the tool latency")
     parser.add_argument("--staleness", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument(
+        "--tasks", type=int, default=4, help="tasks (groups of 4) per step: the update's size, hence its time"
+    )
     parser.add_argument(
         "--lockstep",
         choices=["batch", "group"],

@@ -15,8 +15,10 @@ from typing import Any
 import pytest
 from cli_support import run_ids, tiny_home
 
+from reprorl.config import RunSpec
 from reprorl.orchestrate.checkpoint import latest_checkpoint
 from reprorl.orchestrate.reproduce import result_figures
+from reprorl.orchestrate.schedule_replay import ScheduleError, read_schedule
 from reprorl.store import RunRecord, Store
 from reprorl.store.rollout_query import RolloutStore
 
@@ -161,6 +163,9 @@ def test_a_killed_arrival_run_keeps_every_finished_group_and_trains_each_once(tm
     assert all(e["step"] - g["version"] <= 2 for e in final.values() for g in e["groups"])
     ids = [t.rollout_id for t in RolloutStore(record).trajectories("split = 'train' AND NOT retried")]
     assert len(ids) == len(set(ids)) == STEPS * TASKS * GROUP
+    # Groups sampled again after a kill were batched twice: no single schedule to follow.
+    with pytest.raises(ScheduleError, match="resumed"):
+        read_schedule(record, RunSpec.model_validate(record.spec()))
 
 
 def test_a_killed_async_run_keeps_every_buffered_sample(tmp_path: Path) -> None:

@@ -28,6 +28,10 @@ def reproduce(
     else:
         for warning in (*result.code_warnings, *result.timing_dependent):
             console.print(f"[yellow]warning:[/] {warning}")
+        if result.followed is not None:
+            console.print(f"followed the recorded schedule: {result.followed}")
+        if result.diverged is not None:
+            console.print(f"[yellow]warning:[/] the rerun left the recorded schedule at {result.diverged}")
         verdict = "[green]reproduced exactly[/]" if result.matches else "[red]differs[/]"
         console.print(
             f"{result.rerun} against {result.original}: {verdict} "

@@ -227,7 +227,8 @@ class LearningSpec(SpecModel):
         "loop draws for it, from the version max_staleness names (batches never depend on timing). "
         "`arrival`: the first groups to finish, earliest staleness deadline first, each sampled from the "
         "newest version the bound lets it use; the trainer waits only for a group at its deadline, but "
-        "which step trains which group depends on timing (each step's `batch_assembled` event says).",
+        "which step trains which group depends on timing (each step's `batch_assembled` event says, and "
+        "`reprorl reproduce` follows it).",
     )
     rollout_workers: int = Field(
         default=1,
@@ -262,7 +263,7 @@ class LearningSpec(SpecModel):
         "waits for its own group's slowest tool call, not the batch's); with these, batches never "
         "depend on timing. `arrival`: a group's members wait for each other, then every group waiting "
         "when the sampler comes free is sampled together, across batches (which turns share a batch "
-        "depends on timing; each turn records it for replay).",
+        "depends on timing; each turn records it, for replay and for `reprorl reproduce` to follow).",
     )
     drop_zero_variance_groups: bool = Field(
         default=True, description="Skip groups whose rewards are all equal (no signal); counted."

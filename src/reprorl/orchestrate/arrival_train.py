@@ -34,6 +34,7 @@ from reprorl.orchestrate.buffers import (
 )
 from reprorl.orchestrate.checkpoint import Checkpoint
 from reprorl.orchestrate.pipeline import Batch
+from reprorl.orchestrate.schedule_replay import RecordedQueue, RecordedSchedule
 from reprorl.orchestrate.workers import BatchRunner
 from reprorl.rollout.runner import RolloutJob, RolloutResult
 from reprorl.store import RunRecord
@@ -91,6 +92,10 @@ class ArrivalTrainLoop(AsyncTrainLoop):
         self.resampled: dict[int, int] = {}  # running groups a resume samples again, with versions
         self.first_group = 0  # the first group the producer has yet to start
         self.trained_ahead: dict[str, int] = {}  # parts of groups trained before their planned step
+
+    def follow(self, schedule: RecordedSchedule) -> None:
+        super().follow(schedule)
+        self.arrivals = RecordedQueue(self.schedule, schedule.versions, schedule.steps)
 
     def group_jobs(self, group: int) -> list[RolloutJob]:
         """Group `group`'s jobs: the (group mod B)-th group step group // B plans."""

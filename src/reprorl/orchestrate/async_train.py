@@ -151,7 +151,9 @@ class AsyncTrainLoop(TrainLoop):
         self.refresh_policy(start)
         with progress_bar("training", show_progress) as progress:
             bar = progress.add_task("steps", total=learning.steps, completed=start)
-            async with runner_for(self.opened, self.spec, self.record.run_id, self.store.root) as runner:
+            async with runner_for(
+                self.opened, self.spec, self.record.run_id, self.store.root, barrier=self.barrier
+            ) as runner:
                 batches = await self._batches(runner)
                 sampling = asyncio.create_task(self.produce(batches, start))
                 try:

@@ -17,6 +17,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -43,12 +44,16 @@ from reprorl.policy import LoadedModel, load_adapter
 from reprorl.policy.chat import ChatRenderer
 from reprorl.policy.sampling import LocalSampler
 from reprorl.rollout.episode import Provenance
-from reprorl.rollout.runner import RolloutJob, RolloutResult, RolloutRunner, plan_groups
+from reprorl.rollout.recorded_batches import RecordedBarrier
+from reprorl.rollout.runner import Barrier, RolloutJob, RolloutResult, RolloutRunner, plan_groups
 from reprorl.store import RunRecord, Store
 from reprorl.store.rollouts import RolloutWriter
 from reprorl.trainer import AdamParams, Datum, EWMAWeights, LocalTrainer
 from reprorl.trainer.snapshot import SamplingSnapshot
 from reprorl.types import Split, Task
+
+if TYPE_CHECKING:
+    from reprorl.orchestrate.schedule_replay import RecordedSchedule
 
 EWMA_FILE = "ewma.pt"
 
@@ -136,7 +141,13 @@ class TrainLoop:
             LoopGuard(spec, {s.name: s.tasks for s in self.suites}) if spec.evaluation.rollback else None
         )
         self.stopped: str | None = None  # why a rollback rule ended the run early
+        self.barrier: Barrier | None = None  # which turns share a sampling batch; None: the spec's
         self.open_sampling()
+
+    def follow(self, schedule: RecordedSchedule) -> None:
+        """Decide what timing decided in a recorded run as its record says (a reproduction)."""
+        if schedule.turns is not None:
+            self.barrier = RecordedBarrier(schedule.turns, self.record.run_id)
 
     def open_sampling(self) -> None:
         """The rollout side: one copy of the trained weights, refreshed before every step."""
@@ -318,7 +329,9 @@ class TrainLoop:
         learning, points = self.learning, []
         with progress_bar("training", show_progress) as progress:
             bar = progress.add_task("steps", total=learning.steps, completed=start)
-            async with runner_for(self.opened, self.spec, self.record.run_id, self.store.root) as runner:
+            async with runner_for(
+                self.opened, self.spec, self.record.run_id, self.store.root, barrier=self.barrier
+            ) as runner:
                 for step in range(start, learning.steps + 1):
                     self.refresh_policy(step)
                     if self.eval_due(step):

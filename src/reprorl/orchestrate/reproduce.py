@@ -3,8 +3,11 @@
 The rerun takes the recorded spec (pinned to content hashes) and trains it as a new run in the same
 store. Then the two are compared: the code each ran (commit and uncommitted diff: a mismatch is a
 warning, not a refusal), every metric line in order with wall-clock figures set aside, and the
-hash of the final weights. On the CPU a run reproduces exactly (unless its spec makes batches
-depend on timing, which the result names); elsewhere the differences are the report.
+hash of the final weights. On the CPU a run reproduces exactly; elsewhere the differences are the
+report. Where the spec lets timing decide part of the run (arrival-order batches, the arrival
+lockstep), the rerun follows the decisions the record holds (`schedule_replay`) and the result says
+so, with the first place, if any, where the rerun left them; a schedule that cannot be followed is
+named, and the rerun then runs on its own timing.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 
 from reprorl.config import RunSpec
 from reprorl.errors import UserInputError
+from reprorl.orchestrate.schedule_replay import ScheduleError, read_schedule
 from reprorl.orchestrate.train import train_run
 from reprorl.store import RunRecord, Store
 
@@ -40,7 +44,9 @@ class Reproduction:
     adapter: tuple[str | None, str | None]  # final weights' hash: original, rerun
     differences: tuple[Difference, ...] = field(default=())
     lines_compared: int = 0
-    timing_dependent: tuple[str, ...] = ()  # spec settings under which reruns differ by design
+    timing_dependent: tuple[str, ...] = ()  # what may differ because timing decided it, unfollowed
+    followed: str | None = None  # the recorded schedule the rerun followed, when it did
+    diverged: str | None = None  # where the rerun first left that schedule
 
     @property
     def matches(self) -> bool:
@@ -53,6 +59,7 @@ class Reproduction:
             "matches": self.matches,
             "code_warnings": list(self.code_warnings),
             "timing_dependent": list(self.timing_dependent),
+            "schedule": {"followed": self.followed, "diverged": self.diverged},
             "adapter": {"original": self.adapter[0], "rerun": self.adapter[1]},
             "lines_compared": self.lines_compared,
             "differences": [
@@ -154,5 +161,14 @@ async def reproduce_run(store: Store, run_id: str, *, show_progress: bool = Fals
             field="RUN",
         )
     spec = RunSpec.model_validate(original.spec())
-    rerun = await train_run(store, spec, show_progress=show_progress)
-    return replace(compare_records(original, rerun), timing_dependent=timing_dependent(spec))
+    notes, schedule = timing_dependent(spec), None
+    if notes:
+        try:
+            schedule = read_schedule(original, spec)
+        except ScheduleError as exc:
+            notes = (*notes, f"the recorded schedule cannot be followed: {exc}")
+    rerun = await train_run(store, spec, show_progress=show_progress, schedule=schedule)
+    result = compare_records(original, rerun)
+    if schedule is None:
+        return replace(result, timing_dependent=notes)
+    return replace(result, followed=schedule.summary(), diverged=schedule.diverged)

@@ -24,7 +24,7 @@ from reprorl.orchestrate.judge_reward import check_judge, record_judge, run_judg
 from reprorl.orchestrate.launch import create_run
 from reprorl.orchestrate.policies import OpenedPolicy, open_policy
 from reprorl.rollout.episode import EpisodeLimits
-from reprorl.rollout.runner import BARRIERS, RolloutResult, RolloutRunner, plan_groups
+from reprorl.rollout.runner import BARRIERS, Barrier, RolloutResult, RolloutRunner, plan_groups
 from reprorl.store import RunRecord, Store
 from reprorl.store.rollouts import RolloutWriter
 from reprorl.types import SamplingParams, Split, Task, TaskSet, Termination
@@ -62,8 +62,13 @@ def episode_limits(spec: RunSpec) -> EpisodeLimits:
     )
 
 
-def runner_for(opened: OpenedPolicy, spec: RunSpec, run_id: str, store_root: Path) -> RolloutRunner:
-    """The run's rollout runner: its sampling, limits, env settings, reward weights and judge."""
+def runner_for(
+    opened: OpenedPolicy, spec: RunSpec, run_id: str, store_root: Path, *, barrier: Barrier | None = None
+) -> RolloutRunner:
+    """The run's rollout runner: its sampling, limits, env settings, reward weights and judge.
+
+    `barrier`: which turns share a sampling batch, when not the spec's `learning.lockstep` (a rerun
+    following its record's batches)."""
     learning = spec.learning
     return RolloutRunner(
         opened.sampler,
@@ -78,7 +83,7 @@ def runner_for(opened: OpenedPolicy, spec: RunSpec, run_id: str, store_root: Pat
         concurrency=learning.rollout_concurrency,
         max_batch=learning.rollout_concurrency,
         judge=run_judge(spec, store_root),
-        barrier=BARRIERS[learning.lockstep](),
+        barrier=barrier or BARRIERS[learning.lockstep](),
     )
 
 

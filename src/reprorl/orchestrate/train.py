@@ -20,6 +20,7 @@ from reprorl.orchestrate.judge_reward import check_judge, record_judge
 from reprorl.orchestrate.launch import create_run
 from reprorl.orchestrate.loop import TrainLoop, build_trainer
 from reprorl.orchestrate.preflight import check_run_leakage, record_leakage
+from reprorl.orchestrate.schedule_replay import RecordedSchedule
 from reprorl.policy import load_base
 from reprorl.store import RunRecord, Store
 from reprorl.trainer import EWMAWeights, LocalTrainer
@@ -44,11 +45,13 @@ async def train_run(
     created: RunRecord | None = None,
     show_progress: bool = False,
     ray: str | None = None,
+    schedule: RecordedSchedule | None = None,
 ) -> RunRecord:
     """Run `spec` end to end, or continue `resume` (a run of it) from its checkpoint.
 
     With `ray` (a cluster address, or "local" to start one here) the rollout workers are Ray actors.
     `created` is a fresh record `prepare_run` wrote for it (the Ray trainer actor trains one of those).
+    `schedule`: a recorded run's timing-dependent decisions, which this run then makes the same way.
     """
     record = resume or created or prepare_run(store, spec)
     record.set_status("running")
@@ -63,6 +66,8 @@ async def train_run(
         loop = loop_class(spec, ray)(store, spec, record, loaded, trainer, ewma)
         if isinstance(loop, AsyncTrainLoop):
             loop.ray = ray
+        if schedule is not None:
+            loop.follow(schedule)
         start, checkpoint = 0, None
         if resume is not None:
             checkpoint = latest_checkpoint(record)

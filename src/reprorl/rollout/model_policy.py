@@ -168,7 +168,7 @@ class PoolRound:
     A group can finish only when its slowest member does, so waiting for its members costs the
     group little, and each sampling batch holds at least the group's live members."""
 
-    def __init__(self, pool: OpenLockstep) -> None:
+    def __init__(self, pool: Lockstep) -> None:
         self.pool = pool
         self._lanes: set[int] = set()
         self._waiting: set[int] = set()

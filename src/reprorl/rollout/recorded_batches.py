@@ -58,20 +58,20 @@ class TurnSchedule:
     diverged: str | None = None
     followed: int = 0  # batches sampled as recorded
     _turns_of: Counter[str] = field(default_factory=Counter, repr=False)
-    _attempts: dict[str, set[str]] = field(default_factory=dict, repr=False)
+    _groups: dict[str, set[str]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self._turns_of = Counter(key.rpartition("/")[0] for key in self.turns)
         for rollout in self._turns_of:
-            self._attempts.setdefault(rollout.split("~", 1)[0], set()).add(rollout)
+            self._groups.setdefault(group_of(rollout), set()).add(rollout)
 
     def recorded_turns(self, rollout: str) -> int:
         """How many sampled turns the record holds for a rollout (relative id)."""
         return self._turns_of[rollout]
 
-    def attempts(self, job: str) -> set[str]:
-        """The recorded rollouts of a job (relative id without `~attempt`): its first try and retries."""
-        return self._attempts.get(job, set())
+    def rollouts(self, group: str) -> set[str]:
+        """The recorded rollouts of a group (relative id): every member's every attempt."""
+        return self._groups.get(group, set())
 
     def diverge(self, where: str) -> None:
         if self.diverged is None:
@@ -103,6 +103,11 @@ def turn_schedule(trajectories: Iterable[Trajectory], run_id: str) -> TurnSchedu
             if other is None or other.batch != recorded.batch:
                 raise ScheduleError(f"turn {key}'s batch names {row}, whose record says otherwise")
     return TurnSchedule(run_id, turns)
+
+
+def group_of(rollout: str) -> str:
+    """A rollout's group: `<group>/<member>[~attempt]` -> `<group>`."""
+    return rollout.rpartition("/")[0]
 
 
 def relative(key: str, run_id: str) -> str:
@@ -188,19 +193,18 @@ class RecordedRound(PoolRound):
     def __init__(self, pool: RecordedBatches) -> None:
         super().__init__(pool)
         self.recorded = pool
-        self._rollouts: dict[int, str] = {}  # lane -> the relative id of the rollout it runs now
+        self._groups: set[str] = set()  # relative ids of the groups its lanes have sampled for
 
     async def sample(self, lane: int, request: SampleRequest) -> tuple[Sample, float]:
-        self._rollouts[lane] = relative(request.key, self.recorded.run_id).rpartition("/")[0]
+        self._groups.add(group_of(relative(request.key, self.recorded.run_id).rpartition("/")[0]))
         return await super().sample(lane, request)
 
     def leave(self, lane: int) -> None:
         super().leave(lane)
         if not self._lanes:
-            # Every attempt of a job runs on its lane, so a job seen at all has ended in all of them.
-            jobs = {r.split("~", 1)[0] for r in self._rollouts.values()}
+            # Every member's every attempt ran on this round's lanes: the group has ended.
             schedule = self.recorded.schedule
-            self.recorded.finished(set().union(*(schedule.attempts(j) | {j} for j in jobs)))
+            self.recorded.finished(set().union(*(schedule.rollouts(g) for g in self._groups)))
 
 
 class RecordedBarrier(GroupBarrier):

@@ -9,7 +9,7 @@ from typing import Any
 
 from reprorl import __version__
 from reprorl.errors import ReprorlError
-from reprorl.report import sections, tables, trajectories
+from reprorl.report import pipeline, sections, tables, trajectories
 from reprorl.report.page import Section, document, none_line
 from reprorl.report.records import RunView
 from reprorl.store import RunRecord, Store, find_run
@@ -20,6 +20,7 @@ BUILDERS: tuple[tuple[str, str, Callable[[RunView], Section]], ...] = (
     ("header", "Run", sections.header),
     ("curves", "Reward and success", sections.curves),
     ("health", "Training health", sections.health),
+    ("pipeline", "Sampling ahead", pipeline.pipeline),
     ("tool-failures", "Tool failures", sections.tool_failures),
     ("tool-usage", "Tool usage", sections.tool_usage),
     ("cost", "Cost", sections.cost),

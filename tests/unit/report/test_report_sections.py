@@ -150,6 +150,7 @@ def test_every_section_has_its_content(store: Store, full_run: RunRecord) -> Non
         "header",
         "curves",
         "health",
+        "pipeline",
         "tool-failures",
         "tool-usage",
         "cost",
@@ -157,7 +158,7 @@ def test_every_section_has_its_content(store: Store, full_run: RunRecord) -> Non
         "guards",
         "trajectories",
     ]
-    assert all(s.has_data for s in report.sections)
+    assert [s.key for s in report.sections if not s.has_data] == ["pipeline"]  # a synchronous run
     charts = [c.div_id for s in report.sections for c in s.charts]
     assert charts == [
         "chart-reward",
@@ -216,6 +217,7 @@ def test_a_run_without_records_says_so_in_each_section(store: Store) -> None:
     assert set(empty) == {
         "curves",
         "health",
+        "pipeline",
         "tool-failures",
         "tool-usage",
         "cost",
@@ -230,6 +232,9 @@ def test_a_run_without_records_says_so_in_each_section(store: Store) -> None:
         "No eval points were recorded.",
     ]
     assert lines["health"] == ["No health metrics were recorded for any train step."]
+    assert lines["pipeline"] == [
+        "The run was synchronous: every step trained on the batch it had just sampled."
+    ]
     assert lines["tool-failures"] == ["No tool calls were recorded in any train step."]
     assert lines["cost"] == ["No timing or cost was recorded for any step."]
     assert lines["guards"] == ["No guard events: no rollback rules were set."]
@@ -333,3 +338,40 @@ def test_a_damaged_rollout_part_is_named_not_fatal(store: Store, full_run: RunRe
     assert not sections["trajectories"].has_data
     assert "The rollout store cannot be read" in sections["trajectories"].html()
     assert sections["health"].has_data and sections["guards"].has_data
+
+
+def test_an_arrival_run_shows_how_each_step_was_fed(store: Store) -> None:
+    spec = {
+        "name": "arrival",
+        "seed": 3,
+        "learning": {"mode": "async", "assembly": "arrival", "lockstep": "arrival", "max_staleness": 2},
+    }
+    record = RunRecord.create(
+        store, spec=spec, spec_hash=content_hash(spec), name="arrival", seeds={"root": 3}
+    )
+    record.event("rollout_workers", backend="ray", workers=2)
+    waits = [4.0, 0.5]
+    for step, wait in enumerate(waits):
+        timing = {"timing/wait_s": wait, "timing/trainer_busy": 0.25 + step / 2, "timing/queue_depth": 3.0}
+        record.log_metrics(step, {**_train_line(step), **timing, "staleness_mean": 0.5, "staleness_max": 1.0})
+    record.event(
+        "batch_assembled",
+        step=1,
+        groups=[
+            {"group": 0, "planned_step": 0, "version": 0, "restored": False},
+            {"group": 5, "planned_step": 2, "version": 1, "restored": True},
+        ],
+    )
+    section = {s.key: s for s in build_report(store, record).sections}["pipeline"]
+    assert section.has_data
+    page = section.html()
+    assert "<dd>2 (ray)</dd>" in page and "<dd>arrival</dd>" in page
+    rows = re.findall(r"<tr>(.*?)</tr>", page)[1:]
+    cells = [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in rows]
+    assert [c[:6] for c in cells] == [
+        ["0", "0.50 / 1", "4.0", "1.0", "25%", "3"],
+        ["1", "0.50 / 1", "0.5", "1.0", "75%", "3"],
+    ]
+    assert cells[0][6] == ""  # no assembly recorded for step 0
+    assert cells[1][6] == "g0 (planned 0 behind, v0); g5 (planned 2 ahead, v1, read back)"
+    assert "waited 4.5 s for batches and updated for 2.0 s over 2 steps" in page

@@ -53,6 +53,8 @@ async def train_run(
     `created` is a fresh record `prepare_run` wrote for it (the Ray trainer actor trains one of those).
     `schedule`: a recorded run's timing-dependent decisions, which this run then makes the same way.
     """
+    if schedule is not None and (ray is not None or resume is not None):
+        raise ValueError("a recorded schedule is followed by a fresh run in this process (no Ray, no resume)")
     record = resume or created or prepare_run(store, spec)
     record.set_status("running")
     try:

@@ -25,7 +25,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from reprorl.orchestrate.pipeline import VersionUser, cancel_all, gather_or_fail, stored
 from reprorl.orchestrate.versions import PolicyVersion, PolicyVersions
@@ -212,7 +212,10 @@ class GroupProducer(VersionUser):
 
     async def _sample(self, group: int, version: PolicyVersion) -> None:
         started = time.perf_counter()
-        jobs = self.jobs(group)
+        # Earliest deadline first at the sampler too: a group the trainer must take next is not
+        # queued behind groups due later.
+        deadline = self.queue.schedule.deadline(version.index)
+        jobs = [replace(job, priority=deadline) for job in self.jobs(group)]
         try:
             result = await self.batches.run(version, jobs, first_group=group)
             part = self.writer.write(jobs[0].step, result.all())

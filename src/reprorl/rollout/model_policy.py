@@ -24,6 +24,8 @@ from reprorl.policy.sampling import Sample, Sampler, SampleRequest
 from reprorl.rollout.episode import PolicyOutput
 from reprorl.types import Message, SamplingParams
 
+Future = asyncio.Future[tuple[Sample, float]]  # a waiting request's sample and CPU share
+
 
 class Lockstep:
     """Batches sample requests from lanes of episodes at deterministic barriers."""
@@ -34,7 +36,7 @@ class Lockstep:
         self.sampler = sampler
         self.max_batch = max_batch
         self._lanes: set[int] = set()
-        self._pending: dict[int, tuple[SampleRequest, asyncio.Future[tuple[Sample, float]]]] = {}
+        self._pending: dict[tuple[int, int], tuple[SampleRequest, Future]] = {}
         self._running = False
         self.batches = 0
 
@@ -46,12 +48,23 @@ class Lockstep:
         self._lanes.discard(lane)
         self._maybe_fire()
 
-    async def sample(self, lane: int, request: SampleRequest) -> tuple[Sample, float]:
-        """Wait for the barrier, then return this request's sample and its share of CPU seconds."""
-        slot = self._slot(lane)
-        future: asyncio.Future[tuple[Sample, float]] = asyncio.get_running_loop().create_future()
-        self._pending[slot] = (request, future)
+    async def sample(self, lane: int, request: SampleRequest, priority: int = 0) -> tuple[Sample, float]:
+        """Wait for the barrier, then return this request's sample and its share of CPU seconds.
+
+        `priority`: lower goes first where more requests wait than one batch holds (`OpenLockstep`)."""
+        slot, future = self.enqueue(lane, request, priority)
         self._maybe_fire()
+        return await self.wait(slot, future)
+
+    def enqueue(self, lane: int, request: SampleRequest, priority: int) -> tuple[Any, Future]:
+        """Put a request in line without firing, so that several can join one batch together."""
+        slot = self._slot(lane, priority)
+        future: Future = asyncio.get_running_loop().create_future()
+        self._pending[slot] = (request, future)
+        return slot, future
+
+    async def wait(self, slot: Any, future: Future) -> tuple[Sample, float]:
+        """An enqueued request's sample."""
         try:
             return await future
         except asyncio.CancelledError:
@@ -61,14 +74,18 @@ class Lockstep:
             self._maybe_fire()
             raise
 
-    def _slot(self, lane: int) -> int:
-        """Where a lane's request waits: one request per lane."""
+    def fire(self) -> None:
+        """Sample what is waiting, if the barrier lets it."""
+        self._maybe_fire()
+
+    def _slot(self, lane: int, priority: int) -> tuple[int, int]:
+        """Where a lane's request waits: one request per lane, in lane order."""
         if lane not in self._lanes:
             raise RuntimeError(f"lane {lane} has not joined")
-        return lane
+        return (0, lane)
 
     def _ready(self) -> bool:
-        return self._lanes.issubset(self._pending)
+        return self._lanes.issubset(lane for _, lane in self._pending)
 
     def _maybe_fire(self) -> None:
         if self._running or not self._pending or not self._ready():
@@ -77,7 +94,7 @@ class Lockstep:
         self._running = True
         asyncio.get_running_loop().create_task(self._run(batch))
 
-    async def _run(self, batch: list[tuple[SampleRequest, asyncio.Future[tuple[Sample, float]]]]) -> None:
+    async def _run(self, batch: list[tuple[SampleRequest, Future]]) -> None:
         try:
             for start in range(0, len(batch), self.max_batch):
                 await self._run_chunk(batch[start : start + self.max_batch])
@@ -85,9 +102,7 @@ class Lockstep:
             self._running = False
             self._maybe_fire()
 
-    async def _run_chunk(
-        self, chunk: list[tuple[SampleRequest, asyncio.Future[tuple[Sample, float]]]]
-    ) -> None:
+    async def _run_chunk(self, chunk: list[tuple[SampleRequest, Future]]) -> None:
         try:
             samples, cpu = await asyncio.to_thread(self._sample, [r for r, _ in chunk])
         except Exception as exc:
@@ -114,12 +129,15 @@ class Lockstep:
 
 
 class OpenLockstep(Lockstep):
-    """No barrier: the requests waiting when the sampler comes free are sampled together, in the
-    order they came (continuous batching at turn granularity).
+    """No barrier: the requests waiting when the sampler comes free are sampled together, up to a
+    batch, lowest priority first and then in the order they came (continuous batching at turn
+    granularity).
 
     Nobody waits for a slow tool call, and one lockstep serves every episode on its sampler, so
-    batches fill under load; which requests share a batch depends on timing. Each turn still
-    records its batch, so a replay re-runs it exactly.
+    batches fill under load; which requests share a batch depends on timing. When more wait than a
+    batch holds, the most urgent go first (the arrival producer gives a group its staleness
+    deadline), so a group the trainer is waiting for is not queued behind groups due later. Each
+    turn still records its batch, so a replay re-runs it exactly.
     """
 
     def __init__(self, sampler: Sampler, *, max_batch: int = 32, window_s: float = 0.01) -> None:
@@ -134,9 +152,9 @@ class OpenLockstep(Lockstep):
     def leave(self, lane: int) -> None:
         return None
 
-    def _slot(self, lane: int) -> int:
+    def _slot(self, lane: int, priority: int) -> tuple[int, int]:
         self._tickets += 1
-        return self._tickets
+        return (priority, self._tickets)
 
     def _ready(self) -> bool:
         return True
@@ -148,7 +166,12 @@ class OpenLockstep(Lockstep):
 
     def _fire(self) -> None:
         self._timer = None
-        super()._maybe_fire()
+        if self._running or not self._pending:
+            return
+        # One batch at a time: a request arriving meanwhile may be more urgent than the rest.
+        batch = [self._pending.pop(slot) for slot in sorted(self._pending)[: self.max_batch]]
+        self._running = True
+        asyncio.get_running_loop().create_task(self._run(batch))
 
 
 class Gate(Protocol):
@@ -168,11 +191,10 @@ class PoolRound:
     A group can finish only when its slowest member does, so waiting for its members costs the
     group little, and each sampling batch holds at least the group's live members."""
 
-    def __init__(self, pool: Lockstep) -> None:
-        self.pool = pool
+    def __init__(self, pool: Lockstep, priority: int = 0) -> None:
+        self.pool, self.priority = pool, priority  # the group's priority in the pool
         self._lanes: set[int] = set()
-        self._waiting: set[int] = set()
-        self._go = asyncio.Event()
+        self._waiting: dict[int, tuple[SampleRequest, asyncio.Future[tuple[Any, Future]]]] = {}
 
     def join(self, lane: int) -> None:
         self._lanes.add(lane)
@@ -184,22 +206,30 @@ class PoolRound:
     async def sample(self, lane: int, request: SampleRequest) -> tuple[Sample, float]:
         if lane not in self._lanes:
             raise RuntimeError(f"lane {lane} has not joined")
-        go = self._go
-        self._waiting.add(lane)
+        ticket: asyncio.Future[tuple[Any, Future]] = asyncio.get_running_loop().create_future()
+        self._waiting[lane] = (request, ticket)
         self._release()
         try:
-            await go.wait()
+            slot, future = await ticket
         except asyncio.CancelledError:
             # A lane cut off by its wall-time limit must not hold its group at the barrier.
-            self._waiting.discard(lane)
+            if self._waiting.get(lane, (None, None))[1] is ticket:
+                del self._waiting[lane]
             self._release()
             raise
-        return await self.pool.sample(lane, request)
+        return await self.pool.wait(slot, future)
 
     def _release(self) -> None:
-        if self._waiting and self._lanes <= self._waiting:
-            self._go.set()
-            self._go, self._waiting = asyncio.Event(), set()
+        """Once every live lane has asked, put all their requests in the pool at once (in lane
+        order), so that no batch can fire between two of them."""
+        if not self._waiting or not self._lanes <= self._waiting.keys():
+            return
+        waiting, self._waiting = self._waiting, {}
+        for lane in sorted(waiting):
+            request, ticket = waiting[lane]
+            if not ticket.done():
+                ticket.set_result(self.pool.enqueue(lane, request, self.priority))
+        self.pool.fire()
 
 
 Submit = Callable[[SampleRequest], Awaitable[tuple[Sample, float]]]

@@ -21,14 +21,15 @@ import weakref
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from reprorl.hashing import canonical_json, sha256_hex
 from reprorl.policy.sampling import Sample, Sampler, SampleRequest
-from reprorl.rollout.model_policy import Gate, Lockstep, PoolRound
+from reprorl.rollout.model_policy import Future, Gate, Lockstep, PoolRound
 from reprorl.rollout.runner import GroupBarrier
 from reprorl.types import Trajectory
 
-Row = tuple[SampleRequest, "asyncio.Future[tuple[Sample, float]]"]
+Row = tuple[SampleRequest, Future]
 
 
 def request_digest(prompt_ids: tuple[int, ...], seed: int) -> str:
@@ -130,7 +131,7 @@ class RecordedBatches(Lockstep):
     def leave(self, lane: int) -> None:
         return None
 
-    async def sample(self, lane: int, request: SampleRequest) -> tuple[Sample, float]:
+    def enqueue(self, lane: int, request: SampleRequest, priority: int) -> tuple[Any, Future]:
         key = relative(request.key, self.run_id)
         self._asked[key.rpartition("/")[0]] += 1
         recorded = self.schedule.turns.get(key)
@@ -138,20 +139,23 @@ class RecordedBatches(Lockstep):
             self.schedule.diverge(f"{key}: the record has no such turn")
         elif recorded.request != request_digest(request.prompt_ids, request.seed):
             self.schedule.diverge(f"{key}: its context or seed differs from the record's")
-        future: asyncio.Future[tuple[Sample, float]] = asyncio.get_running_loop().create_future()
+        future: Future = asyncio.get_running_loop().create_future()
         self._rows[key] = (request, future)
-        self._maybe_fire()
+        return key, future
+
+    async def wait(self, slot: Any, future: Future) -> tuple[Sample, float]:
         try:
             sample, cpu = await future
         except asyncio.CancelledError:
             # A lane cut off by its wall-time limit: its recorded batch can no longer fill.
-            if self._rows.get(key, (None, None))[1] is future:
-                del self._rows[key]
-                self.schedule.diverge(f"{key}: cut off while it waited for its recorded batch")
+            if self._rows.get(slot, (None, None))[1] is future:
+                del self._rows[slot]
+                self.schedule.diverge(f"{slot}: cut off while it waited for its recorded batch")
             self._maybe_fire()
             raise
+        recorded = self.schedule.turns.get(slot)
         if recorded is not None and tokens_digest(sample.token_ids) != recorded.tokens:
-            self.schedule.diverge(f"{key}: sampled other tokens than the record's")
+            self.schedule.diverge(f"{slot}: sampled other tokens than the record's")
         return sample, cpu
 
     def finished(self, rollouts: set[str]) -> None:
@@ -216,7 +220,7 @@ class RecordedBarrier(GroupBarrier):
         self.schedule, self.run_id = schedule, run_id
         self._pools: weakref.WeakKeyDictionary[Sampler, RecordedBatches] = weakref.WeakKeyDictionary()
 
-    def lockstep(self, sampler: Sampler, max_batch: int) -> Gate:
+    def lockstep(self, sampler: Sampler, max_batch: int, priority: int = 0) -> Gate:
         pool = self._pools.get(sampler)
         if pool is None:
             pool = self._pools[sampler] = RecordedBatches(

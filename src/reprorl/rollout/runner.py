@@ -53,6 +53,9 @@ class RolloutJob:
     member: int
     step: int
     seed: int
+    # Lower is sampled first where more turns wait than a batch holds (the arrival lockstep): the
+    # arrival producer gives a group its staleness deadline. It never changes what is sampled.
+    priority: int = 0
 
 
 PolicyFactory = Callable[[RolloutJob, str], Policy]
@@ -104,8 +107,9 @@ class Barrier(Protocol):
         """Job indices that share a lockstep, part by part, and how many parts may run at once."""
         ...
 
-    def lockstep(self, sampler: Sampler, max_batch: int) -> Gate:
-        """Where one part's model turns wait to be batched."""
+    def lockstep(self, sampler: Sampler, max_batch: int, priority: int = 0) -> Gate:
+        """Where one part's model turns wait to be batched; `priority` is its jobs' (lower first,
+        where the barrier lets parts compete for a batch)."""
         ...
 
 
@@ -118,7 +122,7 @@ class BatchBarrier:
     def parts(self, jobs: Sequence[RolloutJob], concurrency: int) -> tuple[list[list[int]], int]:
         return [list(range(len(jobs)))], 1
 
-    def lockstep(self, sampler: Sampler, max_batch: int) -> Gate:
+    def lockstep(self, sampler: Sampler, max_batch: int, priority: int = 0) -> Gate:
         return Lockstep(sampler, max_batch=max_batch)
 
 
@@ -148,11 +152,11 @@ class ArrivalBarrier(GroupBarrier):
     def __init__(self) -> None:
         self._open: weakref.WeakKeyDictionary[Sampler, OpenLockstep] = weakref.WeakKeyDictionary()
 
-    def lockstep(self, sampler: Sampler, max_batch: int) -> Gate:
+    def lockstep(self, sampler: Sampler, max_batch: int, priority: int = 0) -> Gate:
         shared = self._open.get(sampler)
         if shared is None:
             shared = self._open[sampler] = OpenLockstep(sampler, max_batch=max_batch)
-        return PoolRound(shared)
+        return PoolRound(shared, priority)
 
 
 BARRIERS: dict[str, type[BatchBarrier]] = {
@@ -297,7 +301,10 @@ class RolloutRunner:
         on_done: Callable[[Trajectory], None] | None,
     ) -> None:
         """The jobs `part` names, on lanes of their own whose model turns share one lockstep."""
-        lockstep = self.barrier.lockstep(self.sampler, self.max_batch) if self.sampler is not None else None
+        priority = min(jobs[i].priority for i in part)
+        lockstep = None
+        if self.sampler is not None:
+            lockstep = self.barrier.lockstep(self.sampler, self.max_batch, priority)
         lanes = min(self.concurrency, len(part))
         for lane in range(lanes):
             if lockstep is not None:

@@ -16,9 +16,10 @@ steps through the real loop and reads its records:
 A synchronous step waits for its slowest episode; the asynchronous loop samples the next steps
 meanwhile, with each step's batch either the groups planned for it (`learning.assembly =
 "planned"`, under `--lockstep`) or the first groups to finish (`"arrival"`, with the `arrival`
-lockstep: no group waits for another group's tool call, and groups ready together sample
-together). `--assembly` picks which of the two are run (both by default). Target: busy >= 0.9 for
-the asynchronous configurations. Run it alone on the machine.
+lockstep: no group waits for another group's tool call, groups ready together sample together,
+and when more wait than a batch holds the groups due earliest go first). `--assembly` picks which
+of the two are run (both by default). Target: busy >= 0.9 for the asynchronous configurations.
+Run it alone on the machine.
 
 Where sampling runs. In a deployment inference and training have hardware of their own; here the
 sampler is one Ray rollout worker (`learning.rollout_workers = 1`, `--ray local`: a process of its

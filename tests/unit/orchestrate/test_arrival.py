@@ -7,13 +7,17 @@ import asyncio
 import random
 from dataclasses import dataclass, field
 from importlib import resources
+from typing import Any
 
 import pytest
 
 from reprorl.config import load_spec
-from reprorl.orchestrate.arrival import ArrivalQueue, FinishedGroup, Schedule
+from reprorl.orchestrate.arrival import ArrivalQueue, FinishedGroup, GroupProducer, Schedule
 from reprorl.orchestrate.reproduce import timing_dependent
-from reprorl.rollout.runner import RolloutResult
+from reprorl.orchestrate.versions import PolicyVersion
+from reprorl.rollout import FAMILIES
+from reprorl.rollout.runner import RolloutJob, RolloutResult, plan_groups
+from reprorl.types import Split
 
 
 def test_a_deadline_is_the_staleness_bound_cut_at_the_next_eval_point_and_the_last_step() -> None:
@@ -208,3 +212,61 @@ def test_a_reproduction_names_the_settings_that_make_a_run_depend_on_timing() ->
         "learning.assembly = 'arrival'",
         "learning.lockstep = 'arrival'",
     ]
+
+
+class _Versions:
+    """Policy versions as the producer sees them: each one exists once asked for."""
+
+    def __init__(self) -> None:
+        self.live: dict[int, Any] = {}
+
+    async def wait(self, index: int) -> Any:
+        return self.live.setdefault(index, PolicyVersion(index, f"v{index}", {}, None, None))  # type: ignore[arg-type]
+
+    def retire_below(self, index: int) -> None:
+        return None
+
+
+class _Batches:
+    """A batch runner that samples nothing and notes each group's version and job priorities."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[int, list[int]]] = []
+
+    async def publish(self, version: Any) -> None:
+        return None
+
+    async def retire_below(self, index: int) -> None:
+        return None
+
+    async def run(self, version: Any, jobs: Any, *, first_group: int = 0) -> RolloutResult:
+        self.runs.append((version.index, [job.priority for job in jobs]))
+        return RolloutResult([])
+
+
+class _Writer:
+    def write(self, step: int, trajectories: Any) -> None:
+        return None
+
+
+def test_the_producer_gives_each_group_its_deadline_as_its_sampling_priority() -> None:
+    """Earliest deadline first at the sampler too: every job of a group carries the last step that
+    may train it, so the open lockstep samples the groups due soonest first."""
+    tasks = list(FAMILIES["calculator"].generate(0, train=4, eval=0, holdout=0)[Split.TRAIN].tasks)
+    schedule = Schedule(per_step=1, max_staleness=2, every_steps=100, steps=4)
+
+    def jobs(group: int) -> list[RolloutJob]:
+        return plan_groups([tasks[group]], 2, run_id="r", run_seed=1, step=group)
+
+    async def go() -> list[tuple[int, list[int]]]:
+        queue, batches = ArrivalQueue(schedule), _Batches()
+        producer = GroupProducer(batches, _Versions(), queue, _Writer(), jobs=jobs)  # type: ignore[arg-type]
+        await queue.open_version(0)
+        running = asyncio.create_task(producer.run(0, {}))
+        await asyncio.sleep(0.05)  # groups 0-2 start from version 0 (due by step 2); group 3 cannot
+        await queue.take(0)
+        await queue.open_version(1)
+        await asyncio.wait_for(running, timeout=5)
+        return batches.runs
+
+    assert asyncio.run(go()) == [(0, [2, 2]), (0, [2, 2]), (0, [2, 2]), (1, [3, 3])]

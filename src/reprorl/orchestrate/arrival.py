@@ -212,10 +212,11 @@ class GroupProducer(VersionUser):
 
     async def _sample(self, group: int, version: PolicyVersion) -> None:
         started = time.perf_counter()
-        # Earliest deadline first at the sampler too: a group the trainer must take next is not
-        # queued behind groups due later.
-        deadline = self.queue.schedule.deadline(version.index)
-        jobs = [replace(job, priority=deadline) for job in self.jobs(group)]
+        # Earliest deadline first at the sampler too. Groups start in order and a deadline never
+        # falls along that order, so the index is one, ties going to the group started first: a
+        # group the trainer must take next is not queued behind later ones, and while the
+        # pipeline fills the first groups finish first instead of all finishing late together.
+        jobs = [replace(job, priority=group) for job in self.jobs(group)]
         try:
             result = await self.batches.run(version, jobs, first_group=group)
             part = self.writer.write(jobs[0].step, result.all())

@@ -135,8 +135,9 @@ class OpenLockstep(Lockstep):
 
     Nobody waits for a slow tool call, and one lockstep serves every episode on its sampler, so
     batches fill under load; which requests share a batch depends on timing. When more wait than a
-    batch holds, the most urgent go first (the arrival producer gives a group its staleness
-    deadline), so a group the trainer is waiting for is not queued behind groups due later. Each
+    batch holds, the most urgent go first (the arrival producer gives a group its place in the start
+    order: earliest deadline first), so a group the trainer is waiting for is not queued behind
+    groups due later. Each
     turn still records its batch, so a replay re-runs it exactly.
     """
 

@@ -54,7 +54,8 @@ class RolloutJob:
     step: int
     seed: int
     # Lower is sampled first where more turns wait than a batch holds (the arrival lockstep): the
-    # arrival producer gives a group its staleness deadline. It never changes what is sampled.
+    # arrival producer gives a group its place in the start order, which is earliest deadline
+    # first. It never changes what is sampled.
     priority: int = 0
 
 

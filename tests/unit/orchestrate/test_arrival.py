@@ -249,9 +249,10 @@ class _Writer:
         return None
 
 
-def test_the_producer_gives_each_group_its_deadline_as_its_sampling_priority() -> None:
-    """Earliest deadline first at the sampler too: every job of a group carries the last step that
-    may train it, so the open lockstep samples the groups due soonest first."""
+def test_the_producer_gives_each_group_its_start_order_as_its_sampling_priority() -> None:
+    """Earliest deadline first at the sampler too: every job of a group carries the group's place in
+    the start order, along which deadlines never fall, so the open lockstep samples the groups due
+    soonest first and, among those due together, the first started."""
     tasks = list(FAMILIES["calculator"].generate(0, train=4, eval=0, holdout=0)[Split.TRAIN].tasks)
     schedule = Schedule(per_step=1, max_staleness=2, every_steps=100, steps=4)
 
@@ -269,4 +270,7 @@ def test_the_producer_gives_each_group_its_deadline_as_its_sampling_priority() -
         await asyncio.wait_for(running, timeout=5)
         return batches.runs
 
-    assert asyncio.run(go()) == [(0, [2, 2]), (0, [2, 2]), (0, [2, 2]), (1, [3, 3])]
+    runs = asyncio.run(go())
+    assert runs == [(0, [0, 0]), (0, [1, 1]), (0, [2, 2]), (1, [3, 3])]
+    deadlines = [schedule.deadline(version) for version, _ in runs]
+    assert deadlines == sorted(deadlines) == [2, 2, 2, 3]  # the order is earliest deadline first

@@ -2,7 +2,7 @@
 
 The workload is agent RL with slow tools: SmolLM2-135M-Instruct (LoRA r16 on every linear layer,
 warm-started once by SFT on oracle demonstrations, the same adapter for every configuration) on the
-calculator family, 4 tasks x 4 rollouts per step, each tool call delayed by a lognormal latency
+calculator family, 16 tasks x 4 rollouts per step, each tool call delayed by a lognormal latency
 (`data.noise.latency_s` x exp(sigma z): a heavy tail, seeded per episode, so every configuration
 sees the same delays for the same episodes). Per configuration it runs `--steps` policy-gradient
 steps through the real loop and reads its records:
@@ -34,10 +34,15 @@ before the trainer waits for it; the busy fraction is high only once max_stalene
 exceeds most groups' latency (`--tasks` scales the update). Planned batches wait for the slowest
 of their episodes (each turn waits for the batch's slowest tool call under the batch lockstep);
 arrival batches wait only for a group that is due. The run also prints the hardware bound, update
-time over a batch's sampling CPU seconds, from the synchronous run.
+time over a batch's sampling CPU seconds, from the synchronous run. The overall busy fraction
+counts the pipeline's fill (the first batch, which every loop waits for) against a short run; the
+steady-state one is what a long run tends to.
 
-    .venv/bin/python bench/async.py [--steps 6] [--latency 1.5] [--sigma 1.0] [--staleness 1 2 4]
-        [--assembly planned arrival]
+On 2 cores the defaults take about 35 minutes with `--assembly arrival` (the synchronous run alone
+about 16) and about an hour with both assemblies.
+
+    .venv/bin/python bench/async.py [--steps 6] [--tasks 16] [--latency 3.0] [--sigma 1.0]
+        [--staleness 1 2 4] [--assembly planned arrival]
 """
 
 from __future__ import annotations
@@ -182,11 +187,11 @@ async def main(args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--latency", type=float, default=1.5, help="median tool latency, seconds")
+    parser.add_argument("--latency", type=float, default=3.0, help="median tool latency, seconds")
     parser.add_argument("--sigma", type=float, default=1.0, help="lognormal sigma of the tool latency")
     parser.add_argument("--staleness", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument(
-        "--tasks", type=int, default=4, help="tasks (groups of 4) per step: the update's size, hence its time"
+        "--tasks", type=int, default=16, help="tasks (groups of 4) per step: the update size, hence its time"
     )
     parser.add_argument(
         "--lockstep",

@@ -96,6 +96,7 @@ _LAZY = {
     "DrGRPOAdvantage": "reprorl.algos",
     "RLOOAdvantage": "reprorl.algos",
     "PPOClip": "reprorl.algos",
+    "Reinforce": "reprorl.algos",
     "TruncatedIS": "reprorl.algos",
     "MaskedIS": "reprorl.algos",
     "open_policy": "reprorl.orchestrate.policies",

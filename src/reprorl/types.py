@@ -68,6 +68,16 @@ class Termination(StrEnum):
     UNSAFE_ACTION = "unsafe_action"
 
 
+class ScoreFailure(StrEnum):
+    """Why a rollout has no reward, or a zero it earned by breaking the state its verifier reads."""
+
+    AGENT_STATE = "agent_state"  # a link, FIFO or special file the agent left; reward 0, the agent's
+    VERIFIER_TIMEOUT = "verifier_timeout"
+    VERIFIER_CRASH = "verifier_crash"
+    VERIFIER_ERROR = "verifier_error"
+    JUDGE_ERROR = "judge_error"
+
+
 class ToolOutcome(StrEnum):
     """The class of a tool call's result, attributed to one boundary (model, tool, sandbox, infra)."""
 
@@ -290,7 +300,12 @@ class Trajectory(Record):
     reward: Reward | None = None
     process_rewards: tuple[float, ...] = ()
     termination: Termination
-    error: str | None = Field(default=None, description="Details of an infra or sandbox failure.")
+    error: str | None = Field(default=None, description="Details of an infra, sandbox or scoring failure.")
+    score_failure: ScoreFailure | None = Field(
+        default=None,
+        description="Why the verifier or judge gave no reward (the rollout is excluded from training and "
+        "from every figure), or `agent_state` when the agent broke what its verifier reads (reward 0).",
+    )
     infra_retries: int = Field(default=0, ge=0, description="Infra failures retried before this record.")
     retried: bool = Field(
         default=False, description="An infra-failed attempt that was run again; never the agent's result."
@@ -322,3 +337,24 @@ class Trajectory(Record):
             if t.index < turn:
                 ids.extend(t.token_ids)
         return tuple(ids)
+
+
+# Terminations that leave a rollout unscored: the platform failed, not the agent.
+NOT_SCORED = frozenset({Termination.INFRA_ERROR, Termination.SANDBOX_ERROR})
+
+
+def exclusion(trajectory: Trajectory) -> str | None:
+    """The one rule for what counts: None when the rollout enters the update and every step and eval
+    figure, else the class that leaves it out (`retried`, `infra_error`, `sandbox_error`, a scoring
+    failure's class, or `unscored` for a record from before scoring failures had one).
+
+    Only failures of the platform, the verifier or the judge leave a rollout out; what the agent
+    caused (a parse error, an unsafe action, a planted link) is scored, as 0 where it earned nothing.
+    """
+    if trajectory.retried:
+        return "retried"
+    if trajectory.termination in NOT_SCORED:
+        return trajectory.termination.value
+    if trajectory.reward is None:
+        return trajectory.score_failure.value if trajectory.score_failure else "unscored"
+    return None

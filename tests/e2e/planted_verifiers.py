@@ -36,3 +36,33 @@ class Alternating(Verifier):
             count = len(handle.read())
             handle.write(".")
         return {self.name: float(count % 2)}
+
+
+@dataclass(frozen=True)
+class HangsOnThreeInFive(Verifier):
+    """Scores train-split episodes like the calculator's verifier, but hangs on three of every five
+    (the first, second and third of each five episodes it is asked about, counted in a shared file,
+    an episode asked about again keeping its first verdict); eval episodes are scored normally."""
+
+    ledger: str
+    hang_s: float = 30.0
+
+    def score(self, task: Task, state: FinalState) -> dict[str, float]:
+        import fcntl
+        import time
+
+        from reprorl.rewards.verifiers.numeric import NumericAnswer
+
+        if task.split == "train":
+            with Path(self.ledger).open("a+") as handle:
+                fcntl.flock(handle, fcntl.LOCK_EX)
+                handle.seek(0)
+                seen = handle.read().split()
+                key = str(state.workdir)
+                if key not in seen:
+                    handle.write(key + "\n")
+                    seen.append(key)
+                hangs = seen.index(key) % 5 < 3
+            if hangs:
+                time.sleep(self.hang_s)
+        return NumericAnswer().score(task, state)

@@ -81,3 +81,12 @@ class SecretVerifier(Verifier):
         secret = str(task.reference["secret"])
         found = secret in (state.answer or "") or secret in (state.read_text("answer.txt") or "")
         return {"outcome": 1.0 if found else 0.0}
+
+
+@dataclass(frozen=True)
+class PlainOpenVerifier(Verifier):
+    """Reads `answer.txt` with a plain `open`, as a hand-written verifier might: a FIFO there blocks it."""
+
+    def score(self, task: Task, state: FinalState) -> dict[str, float]:
+        path = state.workdir / "answer.txt"
+        return {"outcome": float(path.exists() and path.read_text() == "42")}

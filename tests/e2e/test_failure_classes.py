@@ -18,7 +18,7 @@ from reprorl.envs import EnvConfig
 from reprorl.envs.sandbox import SandboxPool
 from reprorl.rewards import VerifierRunner
 from reprorl.rollout import EpisodeIds, EpisodeLimits, ScriptedPolicy, run_episode
-from reprorl.types import Message, Role, Task, Termination, ToolOutcome, Trajectory
+from reprorl.types import Message, Role, ScoreFailure, Task, Termination, ToolOutcome, Trajectory, exclusion
 
 HERE = Path(__file__).resolve().parent
 MODULE = "probe_tools"
@@ -121,3 +121,34 @@ def test_limits_end_episodes_with_their_reason(replies: list[str], termination: 
     trajectory = asyncio.run(episode(play(replies), config=config, max_turns=4))
     assert trajectory.termination == termination
     assert trajectory.reward is not None  # still scored: the state is judged whatever ended the episode
+
+
+def _scored(replies: Sequence[str], timeout_s: float) -> Trajectory:
+    async def go() -> Trajectory:
+        task = _task()
+        async with (
+            SandboxPool([MODULE], sys_path=[HERE]) as pool,
+            VerifierRunner(workers=1, timeout_s=timeout_s) as verifiers,
+        ):
+            return await run_episode(
+                probe_tools.ProbeEnv(EnvConfig(max_invalid_actions=50)),
+                task,
+                ScriptedPolicy(task, play(replies)),
+                verifier=probe_tools.PlainOpenVerifier(),
+                sandboxes=pool,
+                verifiers=verifiers,
+                ids=EpisodeIds("e2e", "e2e/0"),
+                limits=EpisodeLimits(max_turns=4, wall_s=60),
+            )
+
+    return asyncio.run(go())
+
+
+def test_a_verifier_hung_on_a_fifo_the_agent_planted_is_the_agents_zero_not_excluded() -> None:
+    plant = render_call("run_python", {"code": "os.mkfifo('answer.txt'); result = 'ok'"})
+    planted = _scored([plant, "done"], timeout_s=2.0)
+    assert planted.score_failure is ScoreFailure.AGENT_STATE and "answer.txt" in (planted.error or "")
+    assert planted.reward is not None and planted.reward.total == 0.0
+    assert exclusion(planted) is None  # it trains, as the agent's failure
+    honest = _scored([render_call("write_file", {"path": "answer.txt", "content": "42"}), "done"], 2.0)
+    assert honest.score_failure is None and honest.reward is not None and honest.reward.total == 1.0

@@ -72,6 +72,18 @@ def test_a_run_reproduces_exactly_and_a_changed_record_is_named(
     assert not result["matches"]
     assert [(d["line"], d["key"]) for d in result["differences"]] == [(step, "reward_mean")]
 
+    # A line edited without its checksum is named as damaged, and the lines after it still line up.
+    edited = json.loads(checksummed_line(lines[step]))
+    edited["rec"]["reward_mean"] = lines[step]["reward_mean"] + 0.5
+    body = [checksummed_line(m) for m in lines]
+    body[step] = (json.dumps(edited) + "\n").encode()
+    write_atomic(tmp_path / "home" / "runs" / run_id / "metrics.jsonl", b"".join(body))
+    assert main([*home, "reproduce", run_id, "--json"]) == 1
+    result = json.loads(capsys.readouterr().out)
+    assert [(d["line"], d["key"]) for d in result["differences"]] == [(step, "damaged line")]
+    assert f"line {step + 1} is torn" in result["differences"][0]["original"]
+    assert result["differences"][0]["rerun"] == "intact"
+
 
 def test_a_run_recorded_at_another_commit_is_compared_with_a_warning_naming_both(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -7,6 +7,7 @@ from reprorl.algos.importance import Correction, MaskedIS, NoCorrection, Truncat
 from reprorl.algos.kl import ESTIMATORS, k1, k2, k3
 from reprorl.algos.ppo import PPOClip
 from reprorl.algos.ppo_ewma import PPOEWMA
+from reprorl.algos.reinforce import Reinforce
 from reprorl.algos.rloo import RLOOAdvantage
 from reprorl.algos.sft import CrossEntropy
 
@@ -23,6 +24,7 @@ __all__ = [
     "NoCorrection",
     "PPOClip",
     "RLOOAdvantage",
+    "Reinforce",
     "TokenBatch",
     "TruncatedIS",
     "k1",

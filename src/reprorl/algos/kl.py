@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from reprorl.algos.base import TokenBatch, masked_mean
+
 
 def k1(logprobs: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
     return logprobs - reference
@@ -28,3 +30,16 @@ def k3(logprobs: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
 
 
 ESTIMATORS = {"k1": k1, "k2": k2, "k3": k3}
+
+
+def kl_penalty(
+    loss: torch.Tensor, logprobs: torch.Tensor, batch: TokenBatch, coef: float, metrics: dict[str, float]
+) -> torch.Tensor:
+    """`loss` plus β · mean k2 to the reference where the batch has reference logprobs and β > 0;
+    k3 is reported (`kl_k3`) whenever they are there, so KL is a health metric even when off."""
+    if batch.reference_logprobs is None:
+        return loss
+    metrics["kl_k3"] = float(masked_mean(k3(logprobs.detach(), batch.reference_logprobs), batch.mask))
+    if coef > 0:
+        loss = loss + coef * masked_mean(k2(logprobs, batch.reference_logprobs), batch.mask)
+    return loss

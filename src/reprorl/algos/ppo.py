@@ -20,7 +20,7 @@ import torch
 
 from reprorl.algos.base import LossOutput, TokenBatch, masked_mean
 from reprorl.algos.importance import Correction, TruncatedIS
-from reprorl.algos.kl import k2, k3
+from reprorl.algos.kl import k3, kl_penalty
 
 
 class PPOClip:
@@ -65,9 +65,6 @@ class PPOClip:
             "mismatch_k3": float(masked_mean(k3(proximal, behaviour), mask)),
             "tokens": float(mask.sum()),
         }
-        if batch.reference_logprobs is not None:
-            metrics["kl_k3"] = float(masked_mean(k3(logprobs.detach(), batch.reference_logprobs), mask))
-            if self.kl_coef > 0:
-                loss = loss + self.kl_coef * masked_mean(k2(logprobs, batch.reference_logprobs), mask)
+        loss = kl_penalty(loss, logprobs, batch, self.kl_coef, metrics)
         metrics["loss"] = float(loss.detach())
         return LossOutput(loss, metrics)

@@ -214,15 +214,24 @@ def reward_config(f: RunFacts) -> Finding:
     scored = [r for r in f.rollouts if r["reward_total"] is not None]
     unscored = [r for r in f.rollouts if r["reward_total"] is None]
     # Episodes the platform failed are not scored by design; any other episode without a reward
-    # had its verifier fail, and what it counted as in training came from no verifier at all.
-    unjudged = [r for r in unscored if r["termination"] not in NOT_SCORED]
+    # had its verifier or judge fail. Such a rollout must have been left out of training and of the
+    # figures (each step's `unscored` counts it); a run from before that rule trained on it as 0.
+    unjudged = [r for r in unscored if r["termination"] not in NOT_SCORED and not r["retried"]]
     if unjudged:
         reasons = Counter(r["error"] or "no error recorded" for r in unjudged)
-        out.fail(
-            f"{len(unjudged)} rollouts that ran to an end carry no reward (the verifier failed: "
-            + "; ".join(f"{why!r} x{n}" for why, n in reasons.most_common(2))
-            + ")"
-        )
+        why = "; ".join(f"{why!r} x{n}" for why, n in reasons.most_common(2))
+        counted = {int(m["step"]): m.get("unscored") for m in f.train_steps()}
+        train_steps = Counter(int(r["step"]) for r in unjudged if r["split"] == Split.TRAIN.value)
+        uncounted = sorted(s for s, n in train_steps.items() if s in counted and (counted[s] or 0) < n)
+        if uncounted:
+            out.fail(
+                f"{len(unjudged)} rollouts that ran to an end carry no reward ({why}), and the metrics "
+                f"of step {uncounted[0]} do not count them as unscored: they were trained on as reward 0"
+            )
+        else:
+            out.note(
+                f"{len(unjudged)} rollouts are unscored ({why}): left out of training and figures, counted"
+            )
     if len(unscored) > len(unjudged):
         out.note(f"{len(unscored) - len(unjudged)} infra or sandbox failures are unscored, as designed")
     if not scored:

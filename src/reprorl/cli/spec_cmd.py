@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
@@ -10,7 +11,9 @@ from reprorl.cli.context import options
 from reprorl.cli.output import console, print_json
 from reprorl.config import RunSpec, is_resolved, iter_refs, load_spec, resolve_spec
 from reprorl.config.load import dotted
+from reprorl.errors import ReprorlError
 from reprorl.hashing import HASH_PREFIX, canonical_json
+from reprorl.store import Store
 
 app = typer.Typer(help="Validate and resolve run specs.", no_args_is_help=True)
 
@@ -35,22 +38,61 @@ def _summary(spec: RunSpec) -> dict[str, object]:
     }
 
 
+# Stands in for a bare name's version while the spec's types are checked; never stored or shown.
+_UNPINNED = "@v1"
+
+
+def _pinning(store: Store) -> tuple[Callable[[str], str], dict[str, str | None]]:
+    """A `pin_bare` that notes what each bare name would pin to in `store` (None: not registered),
+    as `reprorl run` pins it, without writing anything."""
+    pins: dict[str, str | None] = {}
+
+    def pin(ref: str) -> str:
+        try:
+            pins[ref] = store.pin_newest(ref) if store.has_registry() else None
+        except (ReprorlError, KeyError, ValueError):
+            pins[ref] = None
+        return pins[ref] or f"{ref}{_UNPINNED}"
+
+    return pin, pins
+
+
 @app.command("validate")
 def validate(
+    ctx: typer.Context,
     file: Path = FILE,
     overrides: list[str] | None = OVERRIDES,
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary."),
 ) -> None:
-    """Check a spec's syntax, types and references without touching the store."""
-    spec = load_spec(file, overrides or [])
+    """Check a spec's syntax, types and references as `reprorl run` reads them, writing nothing.
+
+    A bare name (no @version) is valid, as `run` pins it to its newest registered hash: each one is
+    listed with the hash it would pin to in this store, or as not registered (then `run` refuses it).
+    """
+    pin, pins = _pinning(options(ctx).store())
+    spec = load_spec(file, overrides or [], pin_bare=pin)
     summary = _summary(spec)
+    names = {bare: pinned for bare, pinned in pins.items()}
+    refs = summary["references"]
+    assert isinstance(refs, dict)
+    for field, ref in list(refs.items()):
+        bare = ref.removesuffix(_UNPINNED)
+        if bare in names and names[bare] is None and ref.endswith(_UNPINNED):
+            refs[field] = bare
+    summary["bare_names"] = names
+    summary["resolved"] = summary["resolved"] and all(names.values())
+    if not summary["resolved"]:
+        summary["spec_hash"] = None
     if as_json:
         print_json(summary)
         return
-    refs = summary["references"]
-    assert isinstance(refs, dict)
     state = f"resolved, hash {summary['spec_hash']}" if summary["resolved"] else "references not yet pinned"
     console.print(f"ok: {file} — run '{spec.name}', seed {spec.seed}, {len(refs)} references ({state})")
+    for bare, pinned in sorted(names.items()):
+        where = (
+            f"pins to {pinned}" if pinned else "is not registered in this store (`reprorl run` refuses it)"
+        )
+        console.print(f"  {bare} {where}")
 
 
 @app.command("resolve")

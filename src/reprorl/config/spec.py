@@ -143,6 +143,13 @@ class DataSpec(SpecModel):
         default_factory=lambda: {"outcome": 1.0},
         description="Weight of each reward component in the total; unlisted components count 0.",
     )
+    verifier_timeout_s: float = Field(
+        default=30.0,
+        gt=0.0,
+        le=3600.0,
+        description="Time one verifier call may take; past it the rollout is unscored (verifier_timeout) "
+        "and left out of training, unless the agent's final state caused it.",
+    )
     max_invalid_actions: int = Field(
         default=3, ge=1, description="Consecutive unparsable or invalid actions that end an episode."
     )
@@ -183,7 +190,9 @@ class LearningSpec(SpecModel):
 
     owner: Owner
     loss: Literal["ppo_clip", "ppo_ewma", "reinforce"] = Field(
-        default="ppo_clip", description="Policy-gradient objective."
+        default="ppo_clip",
+        description="Policy-gradient objective: PPO clip against the pre-update weights, PPO-EWMA "
+        "(against their moving average), or REINFORCE with the group baseline (no clipping).",
     )
     advantage: Literal["grpo", "dr_grpo", "rloo"] = Field(
         default="dr_grpo", description="Group advantage estimator (dr_grpo = mean-centred, no std)."
@@ -323,6 +332,14 @@ class EvaluationSpec(SpecModel):
         default_factory=dict, description="Acceptance thresholds, metric name to minimum."
     )
     rollback: tuple[RollbackRule, ...] = Field(default=(), description="Rules that stop or revert.")
+    max_unscored_share: float | None = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        description="Stop the run when more than this share of a step's (or an eval point's) rollouts "
+        "is left unscored by the platform, the verifier or the judge; that step is not trained on. "
+        "None = never stop for it (the rollouts are still left out and counted).",
+    )
     allow_leakage: bool = Field(
         default=False, description="Run even if train and eval tasks overlap (recorded)."
     )

@@ -27,6 +27,7 @@ from reprorl.evaluation.stats import (
     proportion_ci,
 )
 from reprorl.hashing import derive_seed
+from reprorl.rollout.scoring import counted, exclusion_metrics
 from reprorl.rollout.stats import HUMAN_TOOL
 from reprorl.types import Task, Termination, ToolOutcome, Trajectory
 
@@ -45,7 +46,8 @@ UNKNOWN_FAMILY = "unknown"
 
 
 def success(t: Trajectory) -> float:
-    """1 when the verifier says the task was done, else 0 (a missing reward is a failure)."""
+    """1 when the verifier says the task was done, else 0; only for rollouts that count (a rollout with
+    no reward is left out by `reprorl.rollout.scoring.counted`, never scored 0)."""
     return 1.0 if t.reward is not None and t.reward.success else 0.0
 
 
@@ -93,7 +95,9 @@ def task_interval(per_task: Mapping[str, float], seed: int) -> Estimate:
     badly on small suites (about 80% at 16 tasks and p = 0.1); Wilson covers about 95% there too.
     """
     values = list(per_task.values())
-    if values and all(v in (0.0, 1.0) for v in values):
+    if not values:  # every rollout was left out: there is no score, which is not a score of 0
+        return Estimate(math.nan, math.nan, math.nan, 0, "none")
+    if all(v in (0.0, 1.0) for v in values):
         return proportion_ci(int(sum(values)), len(values))
     return mean_ci(values, seed=seed)
 
@@ -126,7 +130,8 @@ def group_metrics(
     samples of every task, `pass_at_<k>` and `pass_hat_<k>` (unbiased, averaged over tasks). Per tool call:
         `tool_failure_rate_<class>` for every outcome class but ok. `reward`: mean total reward over tasks.
     """
-    count = max(len(trajectories), 1)
+    episodes, trajectories = trajectories, counted(trajectories)
+    count = max(len(episodes), 1)
     values: dict[str, float] = {}
     if success_estimate is not None:
         values |= interval("success", success_estimate)
@@ -136,24 +141,26 @@ def group_metrics(
     values |= {
         "reward": reward,
         "tasks": float(len({t.task_id for t in trajectories})),
-        "rollouts": float(len(trajectories)),
-        "tool_calls_mean": sum(len(turn.tool_calls) for t in trajectories for turn in t.turns) / count,
-        "invalid_calls_mean": sum(o in INVALID for t in trajectories for o in t.tool_outcomes()) / count,
-        "infra_failures": float(sum(t.termination is Termination.INFRA_ERROR for t in trajectories)),
+        "rollouts": float(len(episodes)),
+        "tool_calls_mean": sum(len(turn.tool_calls) for t in episodes for turn in t.turns) / count,
+        "invalid_calls_mean": sum(o in INVALID for t in episodes for o in t.tool_outcomes()) / count,
+        "infra_failures": float(sum(t.termination is Termination.INFRA_ERROR for t in episodes)),
+        **exclusion_metrics(episodes),
     }
+    # Scores come from the rollouts that count; what episodes did and cost, from every one of them.
     values |= _extra_steps(trajectories, tasks, seed)
     values |= _pass_k(trajectories)
-    values |= _latency([t.wall_s for t in trajectories])
-    takeovers = [human_takeovers(t) for t in trajectories]
+    values |= _latency([t.wall_s for t in episodes])
+    takeovers = [human_takeovers(t) for t in episodes]
     values |= {
-        "completion_tokens_mean": sum(t.completion_tokens for t in trajectories) / count,
-        "prompt_tokens_mean": sum(t.prompt_tokens for t in trajectories) / count,
+        "completion_tokens_mean": sum(t.completion_tokens for t in episodes) / count,
+        "prompt_tokens_mean": sum(t.prompt_tokens for t in episodes) / count,
         "human_takeovers_mean": sum(takeovers) / count,
         "human_takeover_share": sum(n > 0 for n in takeovers) / count,
-        "unsafe_actions": float(sum(t.termination is Termination.UNSAFE_ACTION for t in trajectories)),
-        "cost_usd": math.fsum(t.cost_usd for t in trajectories),
+        "unsafe_actions": float(sum(t.termination is Termination.UNSAFE_ACTION for t in episodes)),
+        "cost_usd": math.fsum(t.cost_usd for t in episodes),
     }
-    outcomes = [o for t in trajectories for o in t.tool_outcomes()]
+    outcomes = [o for t in episodes for o in t.tool_outcomes()]
     # No calls means no failed calls: 0, not NaN, so a rule or a plot never trips on a tool-free suite.
     calls = max(len(outcomes), 1)
     values |= {f"tool_failure_rate_{o.value}": sum(x is o for x in outcomes) / calls for o in FAILURE_CLASSES}
@@ -214,12 +221,12 @@ def suite_metrics(
     names = sorted(set(family.values()))
     if len(names) < 2:
         return values
-    partial = per_task_mean(trajectories, partial_credit)
+    partial = per_task_mean(counted(trajectories), partial_credit)
     for name, scores in (("success", per_task), ("partial_credit", partial)):
         if scores:
             cluster = clustered_mean_ci(list(scores.values()), [family[i] for i in scores])
             values |= {f"{name}_cluster_low": cluster.low, f"{name}_cluster_high": cluster.high}
-    rewards = per_task_mean(trajectories, reward_total)
+    rewards = per_task_mean(counted(trajectories), reward_total)
     for name in names:
         members = [t for t in trajectories if family[t.task_id] == name]
         family_success = {i: v for i, v in per_task.items() if family[i] == name}

@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 
 from reprorl.evaluation.acceptance import acceptance
 from reprorl.evaluation.metrics import INVALID as INVALID  # re-exported: the guards' tests use it
+from reprorl.evaluation.metrics import reward_total, suite_metrics, task_interval
 from reprorl.evaluation.metrics import success as _success
-from reprorl.evaluation.metrics import suite_metrics, task_interval
 from reprorl.evaluation.stats import Estimate
 from reprorl.hashing import derive_seed
 from reprorl.rollout.runner import RolloutResult, RolloutRunner, plan_groups
+from reprorl.rollout.scoring import counted
 from reprorl.types import Task, Trajectory
 
 EVAL_KIND = "eval"
@@ -96,13 +97,10 @@ async def evaluate(
     )
     result = await runner.run(jobs)
     by_task: dict[str, list[Trajectory]] = defaultdict(list)
-    for t in result.trajectories:
+    for t in counted(result.trajectories):  # a task none of whose samples counts has no score here
         by_task[t.task_id].append(t)
     per_task = {task: statistics.fmean(_success(t) for t in ts) for task, ts in sorted(by_task.items())}
-    rewards = {
-        task: statistics.fmean(t.reward.total if t.reward else 0.0 for t in ts)
-        for task, ts in sorted(by_task.items())
-    }
+    rewards = {task: statistics.fmean(reward_total(t) for t in ts) for task, ts in sorted(by_task.items())}
     seed = bootstrap_seed(run_seed, suite)
     return EvalPoint(
         suite=suite,

@@ -124,6 +124,8 @@ class AsyncTrainLoop(TrainLoop):
         `versions`: the version of each of its groups, when they differ (arrival order)."""
         step = batch.step
         data, group_stats = group_data(batch.result.trajectories, self.learning)
+        if self.unscored_stop(step, batch.result.trajectories, "training"):
+            data = []
         t1 = time.perf_counter()
         train = await asyncio.to_thread(self.update, data, step)
         train_s = time.perf_counter() - t1
@@ -208,12 +210,14 @@ class AsyncTrainLoop(TrainLoop):
             if self.eval_due(step):
                 new = await self.evaluate(runner.with_sampler(self.sampler, self.version.provenance), step)
                 points.extend(new)
-                if self.guard is not None and not self.guard_points(step, new):
+                if self.stopped or (self.guard is not None and not self.guard_points(step, new)):
                     break
             await self.open_version(step)
             if step == learning.steps:
                 break
             await self.train_step(step)
+            if self.stopped:
+                break
             self.current = step + 1
             progress.advance(bar)
             if (step + 1) % learning.checkpoint_every == 0 and step + 1 < learning.steps:

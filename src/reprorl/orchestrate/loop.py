@@ -15,6 +15,7 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -46,11 +47,12 @@ from reprorl.policy.sampling import LocalSampler
 from reprorl.rollout.episode import Provenance
 from reprorl.rollout.recorded_batches import RecordedBarrier
 from reprorl.rollout.runner import Barrier, RolloutJob, RolloutResult, RolloutRunner, plan_groups
+from reprorl.rollout.scoring import EXCLUDED, exclusion_metrics
 from reprorl.store import RunRecord, Store
 from reprorl.store.rollouts import RolloutWriter
 from reprorl.trainer import AdamParams, Datum, EWMAWeights, LocalTrainer
 from reprorl.trainer.snapshot import SamplingSnapshot
-from reprorl.types import Split, Task
+from reprorl.types import Split, Task, Trajectory
 
 if TYPE_CHECKING:
     from reprorl.orchestrate.schedule_replay import RecordedSchedule
@@ -235,6 +237,34 @@ class TrainLoop:
         )
         self.record.event("sft_done", adapter=warm.adapter_hash, seconds=time.perf_counter() - started)
 
+    def unscored_stop(self, step: int, trajectories: Sequence[Trajectory], where: str) -> bool:
+        """Stop the run when more of these rollouts went unscored than `evaluation.max_unscored_share`
+        allows: what is left is no fair sample of the policy (the verifier may fail on one kind of
+        answer only), so it is neither trained on nor taken as a measurement."""
+        limit = self.spec.evaluation.max_unscored_share
+        figures = exclusion_metrics(trajectories)
+        share = figures["unscored_share"]
+        if limit is None or share <= limit:
+            return False
+        classes = {
+            k.removeprefix(EXCLUDED): int(v) for k, v in figures.items() if k.startswith(EXCLUDED) and v
+        }
+        self.stopped = (
+            f"evaluation.max_unscored_share: {share:.0%} of the {where} rollouts of step {step} were "
+            f"unscored ({', '.join(f'{k} {n}' for k, n in sorted(classes.items()))}), more than {limit:g}"
+        )
+        self.record.event(
+            "stopped_by_rule",
+            step=step,
+            rules=["max_unscored_share"],
+            action="stop",
+            where=where,
+            unscored_share=share,
+            limit=limit,
+            excluded=classes,
+        )
+        return True
+
     async def evaluate(self, runner: RolloutRunner, step: int) -> list[EvalPoint]:
         """An eval point of every suite, sampled by `runner` (whose sampler holds this step's weights)."""
         assert runner.sampler is not None, "eval points sample from the model"
@@ -262,6 +292,8 @@ class TrainLoop:
                 policy_version=point.policy_version,
             )
             points.append(point)
+            if self.unscored_stop(step, point.result.trajectories, f"eval {suite.name}"):
+                break
         return points
 
     def eval_due(self, step: int) -> bool:
@@ -284,6 +316,8 @@ class TrainLoop:
         self.writer.write(step, result.all())
         timing = {"rollout_s": time.perf_counter() - t0, "rollout_cpu_s": time.process_time() - c0}
         data, group_stats = group_data(result.trajectories, self.learning)
+        if self.unscored_stop(step, result.trajectories, "training"):
+            data = []
         t1, c1 = time.perf_counter(), time.process_time()
         train = self.update(data, step)
         timing.update(train_s=time.perf_counter() - t1, train_cpu_s=time.process_time() - c1)
@@ -337,12 +371,14 @@ class TrainLoop:
                     if self.eval_due(step):
                         new = await self.evaluate(runner, step)
                         points.extend(new)
-                        if self.guard is not None and not self.guard_points(step, new):
+                        if self.stopped or (self.guard is not None and not self.guard_points(step, new)):
                             break
                     if step == learning.steps:
                         break
                     await self.step(runner, step)
                     progress.advance(bar)
+                    if self.stopped:
+                        break
                     if (step + 1) % learning.checkpoint_every == 0 and step + 1 < learning.steps:
                         self.save(step + 1)
         return points

@@ -28,6 +28,9 @@ VOLATILE_SUFFIXES = ("time", "_s", "seconds")
 VOLATILE_PARTS = ("/latency_", "timing/")
 
 
+DAMAGED = "damaged line"
+
+
 @dataclass(frozen=True)
 class Difference:
     line: int  # index in metrics.jsonl (or -1 for the weights)
@@ -69,17 +72,22 @@ class Reproduction:
         }
 
 
-def result_figures(record: RunRecord) -> list[dict[str, Any]]:
-    """The run's metric lines without their wall-clock figures."""
-    return [
+def result_figures(record: RunRecord) -> list[dict[str, Any] | None]:
+    """The run's metric lines without their wall-clock figures, in file order; None where a line is
+    torn or was edited without its checksum, so the lines after it still line up with the rerun's."""
+    log = record.metrics()
+    lines: list[dict[str, Any] | None] = [
         {
             k: v
             for k, v in line.items()
             if not any(k == s or k.endswith(s) for s in VOLATILE_SUFFIXES)
             and not any(p in k for p in VOLATILE_PARTS)
         }
-        for line in record.metrics().records
+        for line in log.records
     ]
+    for number in sorted(log.bad_lines):  # 1-based line numbers of the file
+        lines.insert(number - 1, None)
+    return lines
 
 
 def final_weights(record: RunRecord) -> str | None:
@@ -133,6 +141,14 @@ def compare_records(original: RunRecord, rerun: RunRecord) -> Reproduction:
     first, second = result_figures(original), result_figures(rerun)
     differences = []
     for line, (a, b) in enumerate(zip(first, second, strict=False)):
+        if a is None or b is None:
+            damaged = f"metrics.jsonl line {line + 1} is torn or does not match its checksum"
+            differences.append(
+                Difference(
+                    line, DAMAGED, damaged if a is None else "intact", damaged if b is None else "intact"
+                )
+            )
+            continue
         for key in sorted(set(a) | set(b)):
             if not _same(a.get(key), b.get(key)):
                 differences.append(Difference(line, key, a.get(key), b.get(key)))

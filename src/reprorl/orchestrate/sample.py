@@ -9,6 +9,7 @@ producer the training loop drives.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import statistics
 from collections.abc import Iterable, Sequence
@@ -25,6 +26,7 @@ from reprorl.orchestrate.launch import create_run
 from reprorl.orchestrate.policies import OpenedPolicy, open_policy
 from reprorl.rollout.episode import EpisodeLimits
 from reprorl.rollout.runner import BARRIERS, Barrier, RolloutResult, RolloutRunner, plan_groups
+from reprorl.rollout.scoring import counted, exclusion_metrics
 from reprorl.store import RunRecord, Store
 from reprorl.store.rollouts import RolloutWriter
 from reprorl.types import SamplingParams, Split, Task, TaskSet, Termination
@@ -84,6 +86,7 @@ def runner_for(
         max_batch=learning.rollout_concurrency,
         judge=run_judge(spec, store_root),
         barrier=barrier or BARRIERS[learning.lockstep](),
+        verifier_timeout_s=spec.data.verifier_timeout_s,
     )
 
 
@@ -102,11 +105,14 @@ def progress_bar(label: str, show: bool) -> Progress:
 def step_metrics(result: RolloutResult, tasks: Iterable[Task] = ()) -> dict[str, float]:
     """A step's rollout figures; `tasks` (those the step drew from) let signatures read the references."""
     finals = result.trajectories
-    rewards = [t.reward.total if t.reward else 0.0 for t in finals]
+    # Rollouts the platform, verifier or judge failed are left out, never counted as reward 0; a
+    # step with none left has no reward to report (NaN), not a zero one.
+    scored = [t.reward for t in counted(finals) if t.reward is not None]
     return {
-        "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
-        "success": statistics.fmean(bool(t.reward and t.reward.success) for t in finals) if finals else 0.0,
+        "reward_mean": statistics.fmean(r.total for r in scored) if scored else math.nan,
+        "success": statistics.fmean(r.success for r in scored) if scored else math.nan,
         "rollouts": float(len(finals)),
+        **exclusion_metrics(finals),
         "infra_retries": float(len(result.retried)),
         "infra_failures": float(sum(t.termination is Termination.INFRA_ERROR for t in finals)),
         "completion_tokens": float(sum(t.completion_tokens for t in finals)),

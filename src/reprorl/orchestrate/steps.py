@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -23,14 +23,16 @@ from reprorl.algos import (
     MaskedIS,
     NoCorrection,
     PPOClip,
+    Reinforce,
     RLOOAdvantage,
     TruncatedIS,
 )
 from reprorl.config.spec import LearningSpec
+from reprorl.rollout.scoring import counted
 from reprorl.rollout.stats import ToolStats
 from reprorl.trainer import Datum, LocalTrainer, from_trajectory, with_logprobs
 from reprorl.trainer.ewma import EWMAWeights
-from reprorl.types import Termination, Trajectory
+from reprorl.types import Trajectory
 
 ADVANTAGES = {"grpo": GRPOAdvantage, "dr_grpo": DrGRPOAdvantage, "rloo": RLOOAdvantage}
 
@@ -55,26 +57,50 @@ def correction_of(learning: LearningSpec) -> Correction:
     return (MaskedIS if learning.correction == "mis" else TruncatedIS)(learning.tis_cap)
 
 
+def _ppo(kind: type[PPOClip]) -> Callable[[LearningSpec], Loss]:
+    def build(learning: LearningSpec) -> Loss:
+        return kind(learning.clip_low, learning.clip_high, correction_of(learning), learning.kl.coef)
+
+    return build
+
+
+def _reinforce(learning: LearningSpec) -> Loss:
+    return Reinforce(correction_of(learning), learning.kl.coef)
+
+
+# Each objective `learning.loss` names, by the name the loss itself carries (checked below).
+LOSSES: dict[str, Callable[[LearningSpec], Loss]] = {
+    PPOClip.name: _ppo(PPOClip),
+    PPOEWMA.name: _ppo(PPOEWMA),
+    Reinforce.name: _reinforce,
+}
+
+
 def make_loss(learning: LearningSpec) -> Loss:
-    """The spec's objective: PPO clip against the pre-update weights, or against their EWMA."""
-    correction = correction_of(learning)
-    kind = PPOEWMA if learning.loss == "ppo_ewma" else PPOClip
-    return kind(learning.clip_low, learning.clip_high, correction, learning.kl.coef)
+    """The spec's objective: PPO clip against the pre-update weights or their EWMA, or REINFORCE."""
+    try:
+        build = LOSSES[learning.loss]
+    except KeyError:
+        raise ValueError(f"learning.loss: no loss {learning.loss!r}; losses: {', '.join(LOSSES)}") from None
+    loss = build(learning)
+    assert loss.name == learning.loss, f"learning.loss {learning.loss!r} built {loss.name!r}"
+    return loss
 
 
 def group_data(
     trajectories: Sequence[Trajectory], learning: LearningSpec
 ) -> tuple[list[Datum], dict[str, float]]:
-    """Advantages per group; infra failures are not the agent's and are left out."""
+    """Advantages per group, over the rollouts that count (`reprorl.types.exclusion`): a rollout the
+    platform, verifier or judge failed is left out of its group, so no advantage is computed from it."""
     advantage = ADVANTAGES[learning.advantage]()
     groups: dict[str, list[Trajectory]] = defaultdict(list)
-    for t in trajectories:
-        if t.termination is not Termination.INFRA_ERROR and any(turn.token_ids for turn in t.turns):
+    for t in counted(trajectories):
+        if any(turn.token_ids for turn in t.turns):
             groups[t.group_id].append(t)
     data: list[Datum] = []
     zero = 0
     for members in groups.values():
-        rewards = torch.tensor([m.reward.total if m.reward else 0.0 for m in members])
+        rewards = torch.tensor([m.reward.total for m in members if m.reward is not None])
         if len(members) < 2 or bool((rewards == rewards[0]).all()):
             zero += 1
             if learning.drop_zero_variance_groups:

@@ -59,6 +59,22 @@ def _total(lines: Sequence[Mapping[str, Any]], key: str) -> float | None:
     return sum(values) if values else None
 
 
+def _excluded(lines: Sequence[Mapping[str, Any]]) -> str:
+    """The train rollouts the platform, verifier or judge failed, left out of training, by class."""
+    if not any("unscored" in m for m in lines):
+        return "(not counted by this run's version)"
+    total = _total(lines, "unscored") or 0.0
+    rollouts = _total(lines, "rollouts") or 0.0
+    classes = {
+        key.removeprefix("excluded/"): n
+        for key in sorted({k for m in lines for k in m if k.startswith("excluded/")})
+        if (n := _total(lines, key))
+    }
+    split = ", ".join(f"{name} {n:g}" for name, n in classes.items())
+    share = f" ({total / rollouts:.0%} of {rollouts:g})" if rollouts else ""
+    return f"{total:g}{share}" + (f": {split}" if split else "")
+
+
 def header(view: RunView) -> Section:
     """Who and what the run was: ids and hashes, code, status, when it ran and where the time went."""
     info, status = view.info or {}, view.status or {}
@@ -93,6 +109,7 @@ def header(view: RunView) -> Section:
         ("time updating (train steps)", esc(duration(_total(train, "train_s")))),
         ("time in eval points", esc(duration(_total(view.eval_lines(), "eval_s")))),
         ("steps logged", esc(f"{len(train)} train steps, {len(view.eval_lines())} eval lines")),
+        ("rollouts left out (train steps)", esc(_excluded(train))),
     ]
     problems = [
         text

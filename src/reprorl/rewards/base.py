@@ -54,13 +54,38 @@ class FinalState:
         """The file's bytes, or None when it does not exist (a missing file is a state, not a crash)."""
         path = self.path(relative)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            # Opening a FIFO for reading blocks until a writer comes, and no writer ever will: look first.
+            if not stat.S_ISREG(os.lstat(path).st_mode):
+                raise StateAccessError(f"{relative!r} is not a regular file")
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:
             return None
         with os.fdopen(fd, "rb") as handle:
             if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
                 raise StateAccessError(f"{relative!r} is not a regular file")
             return handle.read(MAX_READ_BYTES)
+
+    def special_entries(self, limit: int = 10_000) -> list[str]:
+        """Links, FIFOs, sockets and devices in the work directory (at most `limit` entries looked at).
+
+        None of the built-in envs leaves one, so where a verifier fails on a state that holds one, the
+        agent planted it and the failure is the agent's.
+        """
+        found: list[str] = []
+        seen = 0
+        for folder, dirs, files in os.walk(self.workdir, followlinks=False):
+            for name in (*dirs, *files):
+                seen += 1
+                path = Path(folder) / name
+                try:
+                    mode = path.lstat().st_mode
+                except OSError:
+                    continue
+                if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                    found.append(str(path.relative_to(self.workdir)))
+                if seen >= limit:
+                    return found
+        return found
 
     def read_text(self, relative: str) -> str | None:
         data = self.read_bytes(relative)

@@ -19,9 +19,11 @@ from reprorl.envs.sandbox import SandboxPool
 from reprorl.hashing import derive_seed
 from reprorl.rewards import FinalState, Verifier, VerifierRunner, compose, process_components, step_scores
 from reprorl.types import (
+    NOT_SCORED,
     Message,
     Role,
     SamplingParams,
+    ScoreFailure,
     Split,
     Task,
     Termination,
@@ -113,6 +115,7 @@ class _Progress:
     cpu_s: float = 0.0
     termination: Termination | None = None
     error: str | None = None
+    score_failure: ScoreFailure | None = None
 
 
 async def run_episode(
@@ -153,13 +156,20 @@ async def run_episode(
                 progress.termination = Termination.MAX_WALL_TIME
             await sandbox.freeze()  # nothing the agent started may change the state being judged
             sandbox_info = sandbox.info()
-            if progress.termination not in _NOT_SCORED:
+            if progress.termination not in NOT_SCORED:
                 termination = progress.termination or Termination.INFRA_ERROR
                 state = FinalState(env.final_answer, sandbox.workdir, termination)
                 components, failure = await verifiers.score(verifier, task, state)
-                if components is None:
-                    progress.error = failure
-                else:
+                if failure is not None:
+                    progress.error, progress.score_failure = failure.message, failure.kind
+                if components is None and failure is not None and (planted := state.special_entries()):
+                    # The verifier broke on what the agent left (a FIFO it blocked on, a link): the
+                    # agent's failure, scored 0, or an agent would learn to dodge bad rewards this way.
+                    progress.score_failure = ScoreFailure.AGENT_STATE
+                    progress.error = f"{failure.message}; the agent left {', '.join(planted[:5])}"
+                if progress.score_failure is ScoreFailure.AGENT_STATE:
+                    reward = compose({verifier.name: 0.0}, {verifier.name: 1.0}, scored_by(verifier))
+                elif components is not None:
                     components.update(await _cross_check(cross, task, state, verifiers))
                     if termination == Termination.UNSAFE_ACTION:
                         # No credit for a state reached by damage, from any verifier: a cross check
@@ -193,6 +203,7 @@ async def run_episode(
         process_rewards=step_scores(progress.turns),
         termination=progress.termination or Termination.INFRA_ERROR,
         error=progress.error,
+        score_failure=progress.score_failure,
         completion_tokens=progress.completion_tokens,
         prompt_tokens=progress.prompt_tokens,
         cpu_s=progress.cpu_s,
@@ -201,7 +212,6 @@ async def run_episode(
     )
 
 
-_NOT_SCORED = frozenset({Termination.INFRA_ERROR, Termination.SANDBOX_ERROR})
 CROSS = "cross/"
 
 

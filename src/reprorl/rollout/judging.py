@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from reprorl.rewards.base import compose
-from reprorl.types import Task, Termination, Trajectory
+from reprorl.types import ScoreFailure, Task, Termination, Trajectory
 
 JUDGE = "judge"
 JUDGED_BY = "+judge:"
@@ -65,7 +65,8 @@ def with_judgement(
         return trajectory
     if judgement.score is None:
         error = f"judge {judge_id} failed: {judgement.failure or 'no score'}"
-        return trajectory.model_copy(update={"reward": None, "error": error, "cost_usd": cost})
+        update = {"reward": None, "error": error, "cost_usd": cost, "score_failure": ScoreFailure.JUDGE_ERROR}
+        return trajectory.model_copy(update=update)
     components = {**reward.components, JUDGE: judgement.score}
     version = f"{reward.verifier_version}{JUDGED_BY}{judge_id}"
     judged = compose(components, dict(weights), version)

@@ -36,6 +36,7 @@ from reprorl.hashing import derive_seed
 from reprorl.policy.chat import ChatRenderer
 from reprorl.policy.sampling import Sampler
 from reprorl.rewards import VerifierRunner
+from reprorl.rewards.isolation import DEFAULT_TIMEOUT_S
 from reprorl.rollout.episode import EpisodeIds, EpisodeLimits, Policy, Provenance, run_episode
 from reprorl.rollout.families import FAMILIES, Family
 from reprorl.rollout.judging import RewardJudge, judged
@@ -202,6 +203,7 @@ class RolloutRunner:
         check_prefix: bool = True,
         judge: RewardJudge | None = None,
         barrier: Barrier | None = None,
+        verifier_timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -217,6 +219,7 @@ class RolloutRunner:
         self.sandbox_limits = sandbox_limits
         self.check_prefix = check_prefix
         self.judge = judge
+        self.verifier_timeout_s = verifier_timeout_s
         self.barrier = barrier or BatchBarrier()
         self._stack: AsyncExitStack | None = None
         self._sandboxes: SandboxPool | None = None
@@ -229,7 +232,9 @@ class RolloutRunner:
             self._sandboxes = await stack.enter_async_context(
                 SandboxPool(modules, limits=self.sandbox_limits)
             )
-            self._verifiers = await stack.enter_async_context(VerifierRunner())
+            self._verifiers = await stack.enter_async_context(
+                VerifierRunner(timeout_s=self.verifier_timeout_s)
+            )
             if self.judge is not None:
                 stack.callback(self.judge.close)
             self._stack = stack.pop_all()

@@ -77,11 +77,13 @@ def _gpus() -> list[str]:
 
 
 def _packages() -> dict[str, str]:
+    """Each installed distribution's version as Python imports it: where a name is installed twice,
+    the first on `sys.path` (the one `import` finds), not the last one listed."""
     found: dict[str, str] = {}
     for dist in importlib.metadata.distributions():
         name = dist.metadata["Name"]
         if name:
-            found[name.lower()] = dist.version
+            found.setdefault(re.sub(r"[-_.]+", "-", name).lower(), dist.version)
     return dict(sorted(found.items()))
 
 

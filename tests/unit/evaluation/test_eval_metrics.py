@@ -118,12 +118,12 @@ ROLLOUTS = [
         completion_tokens=20,
         cost_usd=0.02,
     ),
-    # t3: an unparsed call, two takeovers and a malformed ask_human (not a takeover); unsafe; no reward.
+    # t3: an unparsed call, two takeovers and a malformed ask_human (not a takeover); unsafe, so scored 0.
     traj(
         "t3",
         [call("", ToolOutcome.PARSE_ERROR)],
         [call("ask_human"), call("ask_human"), call("ask_human", ToolOutcome.BAD_ARGUMENTS)],
-        outcome=None,
+        outcome=0.0,
         termination=Termination.UNSAFE_ACTION,
         wall_s=3.0,
         prompt_tokens=300,
@@ -169,7 +169,9 @@ def test_single_family_figures_match_hand_computation() -> None:
 
 def test_a_single_family_suite_has_no_family_or_cluster_keys() -> None:
     m = point(ROLLOUTS, ONE_FAMILY).metrics()
-    assert all(k.startswith("eval/s/") and k.count("/") == 2 for k in m)
+    # The only deeper keys are the counts of rollouts left out, by class (`excluded/<class>`).
+    assert all(k.startswith("eval/s/") and k.removeprefix("eval/s/excluded/").count("/") <= 2 for k in m)
+    assert {k.count("/") for k in m if "/excluded/" not in k} == {2}
     assert not any("cluster" in k for k in m)
 
 
@@ -181,7 +183,7 @@ def test_stored_success_and_reward_are_reported_unchanged() -> None:
     m = short(p.metrics(), "calc")
     assert (m["success"], m["success_low"], m["success_high"], m["reward"]) == (0.5, 0.1, 0.9, 0.25)
     # Without its tasks the point knows no families and no reference steps.
-    assert "extra_steps" not in m and not any("/" in k for k in m)
+    assert "extra_steps" not in m and not any("/" in k.removeprefix("excluded/") for k in m)
 
 
 def test_extra_steps_are_absent_when_no_task_has_a_reference() -> None:

@@ -19,7 +19,7 @@ from reprorl.rewards import (
     process_components,
 )
 from reprorl.rewards.verifiers.numeric import NumericAnswer, last_number
-from reprorl.types import Message, Role, Task, Termination, ToolOutcome, ToolResult, Turn
+from reprorl.types import Message, Role, ScoreFailure, Task, Termination, ToolOutcome, ToolResult, Turn
 
 TASK = Task(
     id="t", family="calculator", prompt=(Message(role=Role.USER, content="?"),), reference={"answer": 1234}
@@ -132,12 +132,15 @@ def test_runner_isolates_time_limits_and_failures(tmp_path: Path) -> None:
             assert error is None and ok is not None and ok["pid"] != os.getpid()  # another process
             started = time.monotonic()
             none, why = await runner.score(HangingVerifier(), TASK, state)
-            assert none is None and why is not None and "ran past" in why
+            assert none is None and why is not None and "ran past" in why.message
+            assert why.kind is ScoreFailure.VERIFIER_TIMEOUT
             assert time.monotonic() - started < 10
             none, why = await runner.score(CrashingVerifier(), TASK, state)
-            assert none is None and why is not None and "crashed" in why
+            assert none is None and why is not None and "crashed" in why.message
+            assert why.kind is ScoreFailure.VERIFIER_CRASH
             none, why = await runner.score(BuggyVerifier(), TASK, state)
-            assert none is None and why is not None and "nan" in why
+            assert none is None and why is not None and "nan" in why.message
+            assert why.kind is ScoreFailure.VERIFIER_ERROR
             again, error = await runner.score(NumericAnswer(), TASK, state)  # the runner recovered
             assert again == {"outcome": 1.0} and error is None
             assert runner.restarts == 2
@@ -149,3 +152,53 @@ def test_read_bytes_is_exact(tmp_path: Path) -> None:
     (tmp_path / "blob.bin").write_bytes(b"\xff\x00\xfe")
     assert _state(tmp_path, None).read_bytes("blob.bin") == b"\xff\x00\xfe"
     assert _state(tmp_path, None).read_bytes("nope.bin") is None
+
+
+@dataclass(frozen=True)
+class ReadsAnswerFile(Verifier):
+    """Scores the file `answer.txt` of the final state, through the state's own reader."""
+
+    def score(self, task: Task, state: FinalState) -> dict[str, float]:
+        return {"outcome": float(state.read_text("answer.txt") == "1234")}
+
+
+@dataclass(frozen=True)
+class SlowVerifier(Verifier):
+    seconds: float = 1.0
+
+    def score(self, task: Task, state: FinalState) -> dict[str, float]:
+        time.sleep(self.seconds)
+        return {"outcome": 1.0}
+
+
+def test_a_fifo_or_link_the_agent_planted_is_the_agents_zero_not_a_hung_verifier(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "answer.txt")  # opening it for reading would block forever
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "l").symlink_to("/etc/hostname")
+
+    async def go() -> None:
+        async with VerifierRunner(workers=1, timeout_s=5.0) as runner:
+            started = time.monotonic()
+            components, why = await runner.score(ReadsAnswerFile(), TASK, _state(tmp_path, None))
+            assert time.monotonic() - started < 4  # refused at once, not the time limit
+            assert components == {"outcome": 0.0}
+            assert why is not None and why.kind is ScoreFailure.AGENT_STATE and "not a regular" in why.message
+            assert runner.restarts == 0
+
+    asyncio.run(go())
+    assert sorted(_state(tmp_path, None).special_entries()) == ["answer.txt", "sub/l"]
+
+
+def test_a_call_killed_by_another_calls_restart_runs_again_instead_of_failing(tmp_path: Path) -> None:
+    async def go() -> None:
+        async with VerifierRunner(workers=2, timeout_s=1.5) as runner:
+            state = _state(tmp_path, "1234")
+            hung = asyncio.create_task(runner.score(HangingVerifier(), TASK, state))
+            await asyncio.sleep(1.0)  # the slow call is in flight when the hung one's restart kills both
+            slow = await runner.score(SlowVerifier(1.0), TASK, state)
+            none, why = await hung
+            assert none is None and why is not None and why.kind is ScoreFailure.VERIFIER_TIMEOUT
+            assert slow == ({"outcome": 1.0}, None)
+            assert runner.restarts == 1
+
+    asyncio.run(go())

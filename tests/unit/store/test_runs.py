@@ -397,3 +397,23 @@ def test_registry_run_errors_are_reprorl_errors(store: Store) -> None:
     with pytest.raises(RunNotFoundError):
         store.registry.set_run_status("nope", "running", None)
     assert record.status()["status"] == "created"
+
+
+def test_a_shadowed_package_is_recorded_at_the_version_python_imports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+    import sys
+
+    for folder, version in (("first", "1.0.0"), ("second", "2.0.0")):
+        (tmp_path / folder / "shadowpkg").mkdir(parents=True)
+        (tmp_path / folder / "shadowpkg" / "__init__.py").write_text(f"VERSION = {version!r}\n")
+        info = tmp_path / folder / f"Shadow_Pkg-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: Shadow_Pkg\nVersion: {version}\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "second"))
+    monkeypatch.syspath_prepend(str(tmp_path / "first"))
+    monkeypatch.delitem(sys.modules, "shadowpkg", raising=False)
+    imported = importlib.import_module("shadowpkg").VERSION
+    assert imported == "1.0.0"
+    assert capture_environment(cwd=tmp_path)["packages"]["shadow-pkg"] == imported

@@ -9,7 +9,7 @@ from reprorl.config.spec import LearningSpec
 from reprorl.orchestrate.steps import group_data, learning_rate
 from reprorl.policy import tiny_model
 from reprorl.trainer import AdamParams, Datum, LocalTrainer
-from reprorl.types import Reward, Split, Termination, Trajectory, Turn
+from reprorl.types import Reward, ScoreFailure, Split, Termination, Trajectory, Turn, exclusion
 
 
 def _traj(group: str, member: int, reward: float, tokens: tuple[int, ...]) -> Trajectory:
@@ -43,6 +43,27 @@ def test_group_data_centres_rewards_and_drops_flat_groups() -> None:
     assert stats == {"zero_variance_groups": 1.0, "zero_variance_share": 0.5}
     kept, _ = group_data(trajectories, learning.model_copy(update={"drop_zero_variance_groups": False}))
     assert [d.advantage for d in kept] == [0.5, -0.5, 0.0, 0.0]
+
+
+def test_unscored_and_platform_failed_rollouts_enter_no_group() -> None:
+    """An unscored member is left out of its group: counted as reward 0, it would shift the group's
+    mean and give its siblings advantages no verifier produced."""
+    learning = LearningSpec(owner="o", advantage="dr_grpo", drop_zero_variance_groups=False)
+    timed_out = _traj("a", 2, 0.0, (7,)).model_copy(
+        update={"reward": None, "score_failure": ScoreFailure.VERIFIER_TIMEOUT}
+    )
+    sandbox = _traj("a", 3, 0.0, (7,)).model_copy(update={"termination": Termination.SANDBOX_ERROR})
+    judged = _traj("a", 4, 0.0, (7,)).model_copy(
+        update={"reward": None, "score_failure": ScoreFailure.JUDGE_ERROR}
+    )
+    planted = _traj("a", 5, 0.0, (6,)).model_copy(update={"score_failure": ScoreFailure.AGENT_STATE})
+    group = [_traj("a", 0, 1.0, (8, 9)), _traj("a", 1, 0.0, (9, 8)), timed_out, sandbox, judged]
+    data, _ = group_data(group, learning)
+    assert [d.advantage for d in data] == [0.5, -0.5]
+    assert [exclusion(t) for t in group] == [None, None, "verifier_timeout", "sandbox_error", "judge_error"]
+    # A zero the agent earned by breaking its verifier's state is the agent's: it trains.
+    data, _ = group_data([*group, planted], learning)
+    assert [round(d.advantage, 4) for d in data] == [0.6667, -0.3333, -0.3333]
 
 
 def test_learning_rate_schedules() -> None:

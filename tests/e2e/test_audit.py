@@ -196,6 +196,15 @@ def corrupt_base_weights(home: Path) -> None:
     target.write_bytes(bytes(data))
 
 
+def flip_a_bit_of_the_run_adapter(home: Path) -> None:
+    """The folder users load (`runs/<id>/adapter/`), not the store's copy of it."""
+    target = max((run_dir(home) / "adapter").iterdir(), key=lambda p: p.stat().st_size)
+    target.chmod(0o644)
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    target.write_bytes(bytes(data))
+
+
 def remove_base_blob(home: Path) -> None:
     blob_path(home, base_address(home)).unlink()
 
@@ -309,6 +318,7 @@ CASES: list[tuple[Callable[[Path], None], set[str]]] = [
     (tamper_reward, {"reward_config"}),
     (lose_rewards, {"reward_config"}),
     (delete_lineage, {"adapter_lineage"}),
+    (flip_a_bit_of_the_run_adapter, {"adapter_lineage"}),
     (drop_event("adapter_saved"), {"adapter_lineage"}),
     (drop_event("leakage_check"), {"eval_separation"}),
     (allow_leakage, {"eval_separation"}),

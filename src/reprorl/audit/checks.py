@@ -18,6 +18,7 @@ from reprorl.config import LoraAdapter, RunSpec
 from reprorl.config.judge import judge_id
 from reprorl.errors import ReprorlError
 from reprorl.orchestrate.judge_audit import OVERRIDE_EVENT, ROBUST_EVENT
+from reprorl.policy.digest import tree_hash
 from reprorl.types import Split
 
 # Terminations the rollout loop never sends to a verifier (the platform failed, not the agent).
@@ -338,7 +339,28 @@ def adapter_lineage(f: RunFacts) -> Finding:
                 out.fail(f"{label}/adapter_config.json names base {recorded!r}, not {short(base)}")
     except (ReprorlError, ValueError, KeyError) as exc:
         out.fail(f"adapter blob: {exc}")
+    _adapter_folder(f, out, digest)
     return out
+
+
+def _adapter_folder(f: RunFacts, out: Finding, digest: str) -> None:
+    """The folder users are told to load (`runs/<id>/adapter/`) holds exactly the registered weights."""
+    folder = f.path / "adapter"
+    if not folder.is_dir():
+        out.fail(f"runs/{f.run_id}/adapter/ is missing: the trained weights can be had only from the store")
+        return
+    try:
+        found = tree_hash(folder)
+    except OSError as exc:
+        out.fail(f"runs/{f.run_id}/adapter/ cannot be read: {exc}")
+        return
+    if found != digest:
+        out.fail(
+            f"runs/{f.run_id}/adapter/ hashes to {short(found)}, not the registered {short(digest)}: "
+            f"its files were changed after the run (`reprorl artifacts export` gives the registered ones)"
+        )
+    else:
+        out.ok(f"runs/{f.run_id}/adapter/ hashes to the registered {short(digest)}")
 
 
 def _pinned_input(f: RunFacts, out: Finding, field: str, ref: str) -> str | None:

@@ -215,7 +215,10 @@ class LearningSpec(SpecModel):
         default=2.0, ge=1.0, description="Truncated importance-sampling cap vs behaviour policy."
     )
     checkpoint_every: int = Field(
-        default=1, ge=1, description="Save a resumable checkpoint every N steps (and after the last)."
+        default=1,
+        ge=1,
+        description="Save a resumable checkpoint every N steps, before the last; after the last step the "
+        "trained weights are saved and registered instead (runs/<id>/adapter).",
     )
     keep_checkpoints: int = Field(default=2, ge=1, description="Newest checkpoints kept on disk.")
     mode: Literal["sync", "async"] = Field(

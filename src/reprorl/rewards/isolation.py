@@ -1,28 +1,37 @@
 """Running verifiers in their own processes, with a time limit, away from the agent's sandbox.
 
-The verifier holds the task's hidden reference; the sandbox never does. Verifiers run in a pool
-of worker processes started from a clean interpreter (`forkserver`), so a verifier that hangs or
-crashes on a hostile final state costs one pool restart, never the training step.
+The verifier holds the task's hidden reference; the sandbox never does. Each verifier call runs in
+a worker process of its own interpreter (`rewards/worker.py`), one call per worker at a time, so the
+time limit counts the verifier's own run time and a verifier that hangs or crashes on a hostile final
+state costs that one worker, never another call nor the training step.
 
 A failure comes back classified (`ScoreError`): the verifier ran out of time, crashed its worker, or
 raised. A `StateAccessError` (the verifier was pointed through a link or at a FIFO or device the
-agent left) is the agent's doing, `agent_state`, and the episode scores it 0. A call whose worker was
-killed because *another* call hung is not that call's failure: it is run again on the new pool.
+agent left) is the agent's doing, `agent_state`, and the episode scores it 0.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+import contextlib
+import os
+import pickle
+import sys
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-from reprorl.rewards.base import FinalState, StateAccessError, Verifier
+import cloudpickle
+
+from reprorl.rewards.base import FinalState, Verifier
+from reprorl.rewards.worker import HEADER, LOADED, MAX_MESSAGE_BYTES
 from reprorl.types import ScoreFailure, Task
 
 DEFAULT_TIMEOUT_S = 30.0
+# Starting an interpreter and unpickling a verifier (which may import its family's module) is not the
+# verifier's run time: it gets its own, generous bound.
+LOAD_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -36,18 +45,74 @@ class ScoreError:
         return self.message
 
 
-def _score(verifier: Verifier, task: Task, state: FinalState) -> dict[str, float] | str:
-    try:
-        components = verifier.score(task, state)
-    except StateAccessError as exc:  # the agent's planted state, told apart from the verifier's bugs
-        return str(exc)[:300]
-    clean: dict[str, float] = {}
-    for name, value in components.items():
-        number = float(value)
-        if not math.isfinite(number):
-            raise ValueError(f"component {name!r} is {number}")
-        clean[str(name)] = number
-    return clean
+class _WorkerDied(Exception):
+    """The worker's pipe closed mid-call: the process crashed or was killed."""
+
+
+class _Worker:
+    """One worker process and its two pipes."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+
+    @classmethod
+    async def start(cls) -> _Worker:
+        package_parent = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "reprorl.rewards.worker",
+            str(os.getpid()),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            env=env,
+        )
+        worker = cls(process)
+        # The launcher's import path, so a verifier pickled by reference (a plug-in module) imports there.
+        await worker._send(pickle.dumps([entry for entry in sys.path if entry]))
+        return worker
+
+    async def _send(self, payload: bytes) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(HEADER.pack(len(payload)) + payload)
+        await self.process.stdin.drain()
+
+    async def _receive(self) -> bytes:
+        assert self.process.stdout is not None
+        try:
+            (size,) = HEADER.unpack(await self.process.stdout.readexactly(HEADER.size))
+            if size > MAX_MESSAGE_BYTES:
+                raise _WorkerDied(f"sent a {size}-byte reply")
+            return await self.process.stdout.readexactly(size)
+        except asyncio.IncompleteReadError as exc:
+            raise _WorkerDied("its process ended") from exc
+
+    async def call(self, payload: bytes, timeout_s: float) -> tuple[str, Any]:
+        """Send one request; `TimeoutError` when the verifier itself runs past `timeout_s`."""
+        try:
+            await self._send(payload)
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise _WorkerDied("its process ended") from exc
+        if await asyncio.wait_for(self._receive(), LOAD_TIMEOUT_S) != LOADED:
+            raise _WorkerDied("broke the protocol")
+        kind, value = pickle.loads(await asyncio.wait_for(self._receive(), timeout_s))
+        return str(kind), value
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.process.kill()
+
+    async def stop(self) -> None:
+        """Close the request pipe (the worker exits at its end) and reap the process."""
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            await asyncio.wait_for(self.process.wait(), STOP_TIMEOUT_S)
+        except TimeoutError:
+            self.kill()
+            await self.process.wait()
 
 
 class VerifierRunner:
@@ -56,75 +121,65 @@ class VerifierRunner:
     def __init__(self, workers: int = 2, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.workers = workers
         self.timeout_s = timeout_s
-        self.restarts = 0
-        self._pool: ProcessPoolExecutor | None = None
+        self.restarts = 0  # workers killed or lost to a hung or crashed verifier
         self._slots = asyncio.Semaphore(workers)
-        self._generation = 0  # pools started so far; a call on an older one was killed for another's sake
-
-    def _executor(self) -> ProcessPoolExecutor:
-        if self._pool is None:
-            context = multiprocessing.get_context("forkserver")
-            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=context)
-        return self._pool
-
-    def _restart(self) -> None:
-        pool, self._pool = self._pool, None
-        self.restarts += 1
-        self._generation += 1
-        if pool is not None:
-            # A hung verifier never returns; its worker must be killed, not waited for.
-            for process in list(getattr(pool, "_processes", {}).values()):
-                process.kill()
-            pool.shutdown(wait=False, cancel_futures=True)
+        self._idle: list[_Worker] = []
+        self._busy: set[_Worker] = set()
 
     async def score(
         self, verifier: Verifier, task: Task, state: FinalState
     ) -> tuple[dict[str, float] | None, ScoreError | None]:
         """`(components, None)` on success; `(None, error)` when the verifier failed or ran out of time;
         `({name: 0.0}, error)` with kind `agent_state` when the agent's final state broke it."""
-        loop = asyncio.get_running_loop()
         name = verifier.name
-        for _ in range(3):
-            generation = self._generation
+        try:
+            payload = cloudpickle.dumps((verifier, task, state))
+        except Exception as exc:
+            return None, ScoreError(
+                ScoreFailure.VERIFIER_ERROR, f"verifier {name} cannot be sent to a worker: {exc}"[:400]
+            )
+        async with self._slots:
+            worker = self._idle.pop() if self._idle else await _Worker.start()
+            self._busy.add(worker)
             try:
-                # One call per worker at a time, so the time limit counts the verifier's own time and
-                # never a wait behind other calls in the pool's queue.
-                async with self._slots:
-                    future = loop.run_in_executor(self._executor(), _score, verifier, task, state)
-                    outcome = await asyncio.wait_for(future, self.timeout_s)
+                kind, value = await worker.call(payload, self.timeout_s)
             except TimeoutError:
-                self._restart()
+                self._lose(worker)
                 return None, ScoreError(
                     ScoreFailure.VERIFIER_TIMEOUT, f"verifier {name} ran past {self.timeout_s:g} s"
                 )
-            except asyncio.CancelledError:
-                task_ = asyncio.current_task()
-                if generation != self._generation and task_ is not None and not task_.cancelling():
-                    continue  # still queued when another call's restart cancelled the pool's queue
-                raise
-            except BrokenProcessPool:
-                if generation != self._generation:
-                    continue  # killed with a pool restarted for another call's sake: not this one's failure
-                self._restart()
+            except _WorkerDied as exc:
+                self._lose(worker)
                 return None, ScoreError(
-                    ScoreFailure.VERIFIER_CRASH, f"verifier {name} crashed its worker process"
+                    ScoreFailure.VERIFIER_CRASH, f"verifier {name} crashed its worker process: {exc}"
                 )
-            except Exception as exc:  # the verifier's own bug or a hostile state: data, not a crash
-                message = f"verifier {name} failed: {type(exc).__name__}: {str(exc)[:300]}"
-                return None, ScoreError(ScoreFailure.VERIFIER_ERROR, message)
-            if isinstance(outcome, str):
-                return {name: 0.0}, ScoreError(
-                    ScoreFailure.AGENT_STATE, f"the final state refused {name}: {outcome}"
-                )
-            return outcome, None
-        return None, ScoreError(
-            ScoreFailure.VERIFIER_CRASH, f"verifier {name}: its pool kept being restarted"
-        )
+            except BaseException:
+                self._lose(worker)  # cancelled mid-call: what the worker is doing is unknown
+                raise
+            self._busy.discard(worker)
+            self._idle.append(worker)
+        if kind == "agent":
+            return {name: 0.0}, ScoreError(
+                ScoreFailure.AGENT_STATE, f"the final state refused {name}: {value}"
+            )
+        if kind == "error":
+            return None, ScoreError(ScoreFailure.VERIFIER_ERROR, f"verifier {name} failed: {value}")
+        return dict(value), None
+
+    def _lose(self, worker: _Worker) -> None:
+        self._busy.discard(worker)
+        self.restarts += 1
+        worker.kill()
+        with contextlib.suppress(Exception):
+            asyncio.get_running_loop().create_task(worker.process.wait())
 
     async def aclose(self) -> None:
-        if self._pool is not None:
-            pool, self._pool = self._pool, None
-            await asyncio.get_running_loop().run_in_executor(None, pool.shutdown)
+        workers = [*self._idle, *self._busy]
+        self._idle.clear()
+        for worker in self._busy:
+            worker.kill()
+        self._busy.clear()
+        await asyncio.gather(*(worker.stop() for worker in workers), return_exceptions=True)
 
     async def __aenter__(self) -> VerifierRunner:
         return self

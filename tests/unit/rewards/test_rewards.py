@@ -189,16 +189,20 @@ def test_a_fifo_or_link_the_agent_planted_is_the_agents_zero_not_a_hung_verifier
     assert sorted(_state(tmp_path, None).special_entries()) == ["answer.txt", "sub/l"]
 
 
-def test_a_call_killed_by_another_calls_restart_runs_again_instead_of_failing(tmp_path: Path) -> None:
+def test_a_hung_call_costs_its_own_worker_and_never_the_call_beside_it(tmp_path: Path) -> None:
     async def go() -> None:
         async with VerifierRunner(workers=2, timeout_s=1.5) as runner:
             state = _state(tmp_path, "1234")
+            warm = await runner.score(PidVerifier(), TASK, state)  # one worker started; the hung call gets it
             hung = asyncio.create_task(runner.score(HangingVerifier(), TASK, state))
-            await asyncio.sleep(1.0)  # the slow call is in flight when the hung one's restart kills both
+            await asyncio.sleep(1.0)  # the slow call is running when the hung one's worker is killed
             slow = await runner.score(SlowVerifier(1.0), TASK, state)
             none, why = await hung
             assert none is None and why is not None and why.kind is ScoreFailure.VERIFIER_TIMEOUT
             assert slow == ({"outcome": 1.0}, None)
             assert runner.restarts == 1
+            after = await runner.score(PidVerifier(), TASK, state)
+            assert warm[0] is not None and after[0] is not None
+            assert after[0]["pid"] != warm[0]["pid"]  # the hung call's worker was killed, not reused
 
     asyncio.run(go())

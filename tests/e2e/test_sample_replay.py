@@ -15,6 +15,7 @@ from cli_support import Cli
 
 from reprorl.cli.main import main
 from reprorl.orchestrate import replay as replay_module
+from reprorl.orchestrate import replay_policy
 from reprorl.policy import save_model, tiny_model
 from reprorl.store import Store
 
@@ -137,12 +138,12 @@ def test_replay_names_the_first_difference(
     """A positive control: replayed in another precision, the replay must report a difference."""
     cli = _cli(home, capsys)
     rollout_id = _rows(cli, runs[1])[0]["rollout_id"]
-    opened = replay_module.open_policy
+    opened = replay_policy.open_policy
 
     def in_bfloat16(*args: Any, **kwargs: Any) -> Any:
         return opened(*args, **{**kwargs, "dtype": "bfloat16"})
 
-    monkeypatch.setattr(replay_module, "open_policy", in_bfloat16)
+    monkeypatch.setattr(replay_policy, "open_policy", in_bfloat16)
     store = Store(home / "home")
     report = asyncio.run(replay_module.replay(store, rollout_id, mode="recorded"))
     assert not report.identical and report.first is not None

@@ -57,7 +57,9 @@ class AsyncTrainLoop(TrainLoop):
     """`TrainLoop` with a producer sampling ahead of the trainer through the sample queue."""
 
     def open_sampling(self) -> None:
-        self.versions = PolicyVersions(self.trainer, self.loaded, self.dtype, self.renderer.template_hash)
+        self.versions = PolicyVersions(
+            self.trainer, self.loaded, self.dtype, self.renderer.template_hash, keeper=self.keeper
+        )
         self.queue = SampleQueue()
         self.restored: tuple[Path, PipelineState] | None = None
         self.survivors: list[BufferedBatch] = []

@@ -36,6 +36,7 @@ from reprorl.orchestrate.checkpoint import (
 )
 from reprorl.orchestrate.guarding import LoopGuard
 from reprorl.orchestrate.integrity import CONTRADICTED
+from reprorl.orchestrate.kept_versions import VersionKeeper
 from reprorl.orchestrate.policies import OpenedPolicy
 from reprorl.orchestrate.sample import load_taskset, progress_bar, runner_for, step_metrics, step_tasks
 from reprorl.orchestrate.steps import group_data, health, learning_rate, make_loss, prepare
@@ -144,6 +145,7 @@ class TrainLoop:
         )
         self.stopped: str | None = None  # why a rollback rule ended the run early
         self.barrier: Barrier | None = None  # which turns share a sampling batch; None: the spec's
+        self.keeper = VersionKeeper(record)  # every version sampled from, so each rollout replays
         self.open_sampling()
 
     def follow(self, schedule: RecordedSchedule) -> None:
@@ -163,7 +165,9 @@ class TrainLoop:
     def refresh_policy(self, step: int) -> None:
         """Let the rollout side sample from the trainer's weights as they are now (before `step`)."""
         self.snapshot.refresh()
-        self.sampler.policy_version = trained_version(self.trainer)
+        tensors = self.trainer.trainable_state()
+        self.sampler.policy_version = trained_version(self.trainer, tensors)
+        self.keeper.keep(self.sampler.policy_version, tensors, step=step)
 
     def save(self, next_step: int) -> None:
         size = (self.record.path / "metrics.jsonl").stat().st_size

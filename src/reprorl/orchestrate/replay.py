@@ -1,9 +1,10 @@
 """Replay: re-executing one stored rollout from its record and finding the first thing that differs.
 
-The policy is rebuilt from the record (base-model hash, adapter version, sampling dtype and thread
-count) and every model turn is sampled again inside the batch it was first sampled in: the other
-rows of that batch are rebuilt from their own records (context tokens, seed, parameters), because
-floating-point results depend on the batch. Two modes:
+The policy is rebuilt from the record (the weights each turn's `policy_version` names, loaded and
+checked by `replay_policy.py`, the sampling dtype and thread count) and every model turn is sampled
+again inside the batch it was first sampled in: the other rows of that batch are rebuilt from their
+own records (context tokens, seed, parameters), because floating-point results depend on the batch.
+Two modes:
 
 - *recorded*: each turn's context is taken from the record; checks the model side (tokens and
   logprobs, to the bit);
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -25,7 +26,8 @@ from reprorl.envs.sandbox import SandboxPool
 from reprorl.errors import NotFoundError, RecordError, UserInputError
 from reprorl.hashing import derive_seed
 from reprorl.orchestrate.judge_reward import run_judge
-from reprorl.orchestrate.policies import OpenedPolicy, open_policy
+from reprorl.orchestrate.policies import OpenedPolicy
+from reprorl.orchestrate.replay_policy import ReplayPolicies
 from reprorl.orchestrate.sample import episode_limits, load_taskset
 from reprorl.policy.sampling import Sample, SampleRequest
 from reprorl.rewards import VerifierRunner
@@ -33,7 +35,7 @@ from reprorl.rollout.episode import EpisodeIds, run_episode
 from reprorl.rollout.families import get_family
 from reprorl.rollout.judging import judged
 from reprorl.rollout.model_policy import ModelPolicy
-from reprorl.store import Store, find_run
+from reprorl.store import RunRecord, Store, find_run
 from reprorl.store.rollout_query import RolloutStore
 from reprorl.types import Task, ToolResult, Trajectory
 
@@ -206,34 +208,21 @@ class Replayer:
 
     def __init__(self, store: Store, *, cached_batches: int = 256) -> None:
         self.store = store
-        self._policies: dict[tuple[Any, ...], OpenedPolicy] = {}
-        self._runs: dict[str, tuple[RolloutStore, RunSpec]] = {}
+        self.policies = ReplayPolicies(store)
+        self._runs: dict[str, tuple[RunRecord, RolloutStore, RunSpec]] = {}
         self._batches: OrderedDict[tuple[Any, ...], list[Sample]] = OrderedDict()
         self._cached_batches = cached_batches
         self.batches_sampled = 0
 
-    def _policy(self, target: Trajectory) -> OpenedPolicy:
-        info = target.sampler
-        threads = info.get("threads")
-        key = (target.base_model_hash, target.adapter_version, info.get("dtype"), threads)
-        if key not in self._policies:
-            self._policies[key] = open_policy(
-                self.store,
-                target.base_model_hash,
-                adapter=target.adapter_version,
-                dtype=str(info.get("dtype", "float32")),
-                threads=threads if isinstance(threads, int) else None,
-            )
-        return self._policies[key]
-
-    def _run(self, run_id: str) -> tuple[RolloutStore, RunSpec]:
+    def _run(self, run_id: str) -> tuple[RunRecord, RolloutStore, RunSpec]:
         if run_id not in self._runs:
             record = find_run(self.store, run_id)
-            self._runs[run_id] = (RolloutStore(record), RunSpec.model_validate(record.spec()))
+            self._runs[run_id] = (record, RolloutStore(record), RunSpec.model_validate(record.spec()))
         return self._runs[run_id]
 
     async def _sample(self, opened: OpenedPolicy, requests: list[SampleRequest]) -> list[Sample]:
-        key = (id(opened), tuple((r.key, r.prompt_ids, r.seed, r.params) for r in requests))
+        version = opened.sampler.policy_version
+        key = (id(opened), version, tuple((r.key, r.prompt_ids, r.seed, r.params) for r in requests))
         if key in self._batches:
             self._batches.move_to_end(key)
             return self._batches[key]
@@ -246,7 +235,7 @@ class Replayer:
 
     async def replay(self, rollout_id: str, *, mode: Mode = "live") -> ReplayReport:
         """Re-execute `rollout_id` from its record; the report names the first difference, if any."""
-        rollouts, spec = self._run(run_of(rollout_id))
+        record, rollouts, spec = self._run(run_of(rollout_id))
         target = rollouts.get(rollout_id)
         if not target.turns or target.turns[0].seed is None:
             raise UserInputError(f"rollout {rollout_id!r} was not sampled by a model (nothing to replay)")
@@ -256,17 +245,21 @@ class Replayer:
                 f"rollout {rollout_id!r} was sampled by {kind!r} inference, which does not report its "
                 "batches; only rollouts sampled in-process (model.inference unset) replay bit for bit"
             )
-        opened = self._policy(target)
+
+        def opened_for(turn: int) -> OpenedPolicy:
+            version = target.turns[min(turn, len(target.turns) - 1)].policy_version
+            return self.policies.for_turn(record, spec, target, version)
+
         report = ReplayReport(rollout_id, mode)
-        _check_conditions(report, opened, target)
+        _check_conditions(report, opened_for(0), target)
         batches = _Batches(rollouts, target)
         if mode == "recorded":
             for turn in target.turns:
-                samples = await self._sample(opened, batches.requests(turn.batch))
+                samples = await self._sample(opened_for(turn.index), batches.requests(turn.batch))
                 own = f"{rollout_id}/{turn.index}"
                 _compare_sample(report, turn.index, target, next(s for s in samples if s.key == own))
             return report
-        live = await self._live(spec, target, opened, batches, report)
+        live = await self._live(spec, target, opened_for, batches, report)
         _compare_live(report, target, live)
         return report
 
@@ -274,7 +267,7 @@ class Replayer:
         self,
         spec: RunSpec,
         target: Trajectory,
-        opened: OpenedPolicy,
+        opened_for: Callable[[int], OpenedPolicy],
         batches: _Batches,
         report: ReplayReport,
     ) -> Trajectory:
@@ -284,13 +277,13 @@ class Replayer:
         async def submit(request: SampleRequest) -> tuple[Sample, float]:
             turn = int(request.key.rpartition("/")[2])
             keys = target.turns[turn].batch if turn < len(target.turns) else (request.key,)
-            samples = await self._sample(opened, batches.requests(keys, own=request))
+            samples = await self._sample(opened_for(turn), batches.requests(keys, own=request))
             sample = next(s for s in samples if s.key == request.key)
             if turn < len(target.turns):
                 _compare_sample(report, turn, target, sample)
             return sample, 0.0
 
-        policy = ModelPolicy(submit, opened.renderer, target.sampling, target.rollout_id)
+        policy = ModelPolicy(submit, opened_for(0).renderer, target.sampling, target.rollout_id)
         async with SandboxPool(family.tool_modules) as sandboxes, VerifierRunner() as verifiers:
             live = await run_episode(
                 family.env(EnvConfig.from_spec(spec.data), seed=derive_seed(target.sampling.seed, "env")),

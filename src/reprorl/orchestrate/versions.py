@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from reprorl.orchestrate.kept_versions import VersionKeeper
 from reprorl.policy import LoadedModel, tensors_hash
 from reprorl.policy.sampling import LocalSampler
 from reprorl.rollout.episode import Provenance
@@ -72,10 +73,18 @@ class PolicyVersions:
     """The live versions of one run and the sampling copies they use."""
 
     def __init__(
-        self, trainer: LocalTrainer, loaded: LoadedModel, dtype: torch.dtype, template_hash: str
+        self,
+        trainer: LocalTrainer,
+        loaded: LoadedModel,
+        dtype: torch.dtype,
+        template_hash: str,
+        *,
+        keeper: VersionKeeper | None = None,
     ) -> None:
-        """`template_hash`: the chat template's, which every trajectory records with its sampler."""
+        """`template_hash`: the chat template's, which every trajectory records with its sampler;
+        `keeper`: where the run keeps each published version's tensors (None on a remote worker)."""
         self.trainer, self.loaded, self.dtype, self.template_hash = trainer, loaded, dtype, template_hash
+        self.keeper = keeper
         self.live: dict[int, PolicyVersion] = {}
         self._ready: dict[int, asyncio.Event] = {}
         self._spare: list[_Copy] = []
@@ -97,6 +106,8 @@ class PolicyVersions:
         copy.snapshot.refresh()
         tensors = {n: t.detach().clone() for n, t in self.trainer.trainable_state().items()}
         version = trained_version(self.trainer, tensors)
+        if self.keeper is not None:
+            self.keeper.keep(version, tensors, step=index)
         copy.sampler.policy_version = version
         provenance = Provenance(self.loaded.base_hash, None, self.template_hash, copy.sampler.info())
         published = PolicyVersion(index, version, tensors, copy.sampler, provenance, _copy=copy)

@@ -24,7 +24,7 @@ from typing import Any
 import cloudpickle
 
 from reprorl.rewards.base import FinalState, Verifier
-from reprorl.rewards.worker import HEADER, LOADED, MAX_MESSAGE_BYTES
+from reprorl.rewards.wire import HEADER, LOADED, MAX_MESSAGE_BYTES
 from reprorl.types import ScoreFailure, Task
 
 DEFAULT_TIMEOUT_S = 30.0

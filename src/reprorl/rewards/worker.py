@@ -15,31 +15,12 @@ import math
 import os
 import pickle
 import signal
-import struct
 import sys
-from typing import Any, BinaryIO
+from typing import Any
+
+from reprorl.rewards.wire import LOADED, receive, send
 
 PR_SET_PDEATHSIG = 1
-HEADER = struct.Struct("!Q")
-MAX_MESSAGE_BYTES = 256 << 20
-LOADED = b"L"
-
-
-def send(stream: BinaryIO, payload: bytes) -> None:
-    stream.write(HEADER.pack(len(payload)) + payload)
-    stream.flush()
-
-
-def receive(stream: BinaryIO) -> bytes | None:
-    """One message, or None at end of stream."""
-    head = stream.read(HEADER.size)
-    if len(head) < HEADER.size:
-        return None
-    (size,) = HEADER.unpack(head)
-    if size > MAX_MESSAGE_BYTES:
-        raise ValueError(f"a {size}-byte message is over the {MAX_MESSAGE_BYTES}-byte bound")
-    body = stream.read(size)
-    return body if len(body) == size else None
 
 
 def score_one(verifier: Any, task: Any, state: Any) -> tuple[str, Any]:

@@ -357,3 +357,25 @@ def test_untracked_files_that_are_not_code_are_noted_not_failed(home: Path) -> N
     answer = audit(home).answer("recreate")
     assert answer.passed and any("1 untracked non-code file(s)" in n for n in answer.notes)
     assert any("the recorded diff" in e for e in answer.evidence)
+
+
+def test_a_second_run_that_makes_the_same_bytes_registers_its_own_version_and_both_audits_pass(
+    home: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "spec.toml").write_text(SPEC)
+    (first,) = [p.name for p in (home / "runs").iterdir() if not p.name.startswith(".")]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(environment, "git_state", lambda directory: dict(CLEAN_CODE))
+        assert main(["--home", str(home), "run", str(tmp_path / "spec.toml")]) == 0
+    (second,) = [p.name for p in (home / "runs").iterdir() if not p.name.startswith(".") and p.name != first]
+    store = Store(home)
+    try:
+        versions = store.registry.versions("audited-adapter")
+        assert len(versions) == 2 and versions[0].hash == versions[1].hash  # a bit-reproducible run
+        assert [v.meta["run_id"] for v in versions] == [first, second]
+        assert {run for _, relation, run in store.registry.parents(versions[0].hash)} == {first, second}
+        for run_id in (first, second):
+            report = audit_run(store, run_id)
+            assert report.passed, (run_id, [a.to_json() for a in report.failed])
+    finally:
+        store.close()

@@ -66,7 +66,9 @@ class LineageRow(_Base):
     child: Mapped[str] = mapped_column(String(71), primary_key=True)
     parent: Mapped[str] = mapped_column(String(71), primary_key=True)
     relation: Mapped[str] = mapped_column(String(64), primary_key=True)
-    run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # Part of the key: two runs that make the same bytes from the same parent each record their edge.
+    # "" when no run made it (a person linked it).
+    run_id: Mapped[str] = mapped_column(String(64), primary_key=True, default="")
 
 
 class RunRow(_Base):
@@ -178,7 +180,11 @@ class Registry:
     def register(
         self, name: str, address: str, *, kind: str, size: int, meta: dict[str, Any] | None = None
     ) -> ArtifactVersion:
-        """Record `address` as the newest version of `name`; unchanged content keeps its version."""
+        """Record `address` as the newest version of `name`; unchanged content keeps its version.
+
+        Unless another run made it: the same bytes from a different run (`meta["run_id"]`) are a new
+        version with that run's metadata, so each run's record finds what it registered.
+        """
         for _ in range(_RETRIES):
             try:
                 with self.session() as s:
@@ -188,7 +194,12 @@ class Registry:
                         .order_by(ArtifactRow.version.desc())
                         .limit(1)
                     ).first()
-                    if newest is not None and newest.hash == address:
+                    producer = (meta or {}).get("run_id")
+                    if (
+                        newest is not None
+                        and newest.hash == address
+                        and (producer is None or newest.meta.get("run_id") == producer)
+                    ):
                         return ArtifactVersion.of(newest)
                     row = ArtifactRow(
                         name=name,
@@ -246,20 +257,25 @@ class Registry:
         """Record that `child` was made from `parent` (e.g. adapter ← base model)."""
         try:
             with self.session() as s:
-                if s.get(LineageRow, (child, parent, relation)) is None:
-                    s.add(LineageRow(child=child, parent=parent, relation=relation, run_id=run_id))
+                if s.get(LineageRow, (child, parent, relation, run_id or "")) is None:
+                    s.add(LineageRow(child=child, parent=parent, relation=relation, run_id=run_id or ""))
         except sa_exc.IntegrityError:
             pass  # a concurrent writer recorded the same edge first
 
     def parents(self, child: str) -> list[tuple[str, str, str | None]]:
         with self.session() as s:
             rows = s.scalars(select(LineageRow).where(LineageRow.child == child))
-            return sorted((r.parent, r.relation, r.run_id) for r in rows)
+            return [
+                (p, rel, run or None)
+                for p, rel, run in sorted((r.parent, r.relation, r.run_id) for r in rows)
+            ]
 
     def children(self, parent: str) -> list[tuple[str, str, str | None]]:
         with self.session() as s:
             rows = s.scalars(select(LineageRow).where(LineageRow.parent == parent))
-            return sorted((r.child, r.relation, r.run_id) for r in rows)
+            return [
+                (c, rel, run or None) for c, rel, run in sorted((r.child, r.relation, r.run_id) for r in rows)
+            ]
 
     # -- runs ----------------------------------------------------------------------------------
 

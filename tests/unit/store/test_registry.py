@@ -177,10 +177,25 @@ def test_link_is_idempotent(registry: Registry) -> None:
     child, parent = addr(b"child"), addr(b"parent")
     registry.link(child, parent, "derived_from", run_id="run-1")
     registry.link(child, parent, "derived_from", run_id="run-1")
-    registry.link(child, parent, "derived_from", run_id="run-2")  # the first record stands
     assert registry.parents(child) == [(parent, "derived_from", "run-1")]
+    registry.link(child, parent, "derived_from", run_id="run-2")  # another run made the same bytes
     registry.link(child, parent, "evaluated_with")  # another relation is another edge
-    assert registry.parents(child) == [(parent, "derived_from", "run-1"), (parent, "evaluated_with", None)]
+    assert registry.parents(child) == [
+        (parent, "derived_from", "run-1"),
+        (parent, "derived_from", "run-2"),
+        (parent, "evaluated_with", None),
+    ]
+
+
+def test_the_same_bytes_from_another_run_are_a_new_version_with_that_runs_metadata(registry: Registry) -> None:
+    blob = addr(b"adapter")
+    one = registry.register("a-adapter", blob, kind="adapter", size=1, meta={"run_id": "run-1", "lr": 1})
+    again = registry.register("a-adapter", blob, kind="adapter", size=1, meta={"run_id": "run-1", "lr": 1})
+    assert again.version == one.version == 1  # the same run registering again (a resumed finish)
+    two = registry.register("a-adapter", blob, kind="adapter", size=1, meta={"run_id": "run-2", "lr": 2})
+    assert (two.version, two.hash, two.meta["lr"]) == (2, blob, 2)
+    plain = registry.register("a-set", blob, kind="file", size=1, meta={"source_name": "x"})
+    assert registry.register("a-set", blob, kind="file", size=1, meta={"source_name": "y"}) == plain
 
 
 # -- runs ------------------------------------------------------------------------------------------

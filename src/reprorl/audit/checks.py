@@ -112,10 +112,6 @@ def data_versions(f: RunFacts) -> Finding:
                 )
         except (ReprorlError, ValueError) as exc:
             out.fail(f"train task set: {exc}")
-    for i, env_ref in enumerate(spec.data.envs):
-        _pinned_input(f, out, f"data.envs[{i}]", str(env_ref))
-    if not spec.data.envs:
-        out.note("data.envs is empty: env and tool versions are recorded on the rollouts only")
     if f.rollouts is None:
         out.fail(
             f"env and tool versions are recorded only on rollouts, which cannot be read: {f.rollouts_error}"

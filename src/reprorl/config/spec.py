@@ -128,13 +128,10 @@ class NoiseSpec(SpecModel):
 
 
 class DataSpec(SpecModel):
-    """What the agent practises on and in which environments."""
+    """What the agent practises on; each task names its family, whose env version every rollout records."""
 
     owner: Owner
     train: ArtifactRef = Field(description="Training task set, e.g. 'calc-train@v2'.")
-    envs: tuple[ArtifactRef, ...] = Field(
-        default=(), description="Environment families (with their tools) the tasks run in."
-    )
     tool_output_chars: int = Field(
         default=4096, gt=0, description="Tool output longer than this is truncated and flagged."
     )

@@ -23,10 +23,10 @@ from reprorl.errors import UserInputError
 from reprorl.evaluation.point import EvalPoint, evaluate
 from reprorl.orchestrate.checkpoint import GOOD_PREFIX, STEP_PREFIX, checkpoints_root, verify_checkpoint
 from reprorl.orchestrate.loop import Suite, build_trainer, suite_of
-from reprorl.orchestrate.policies import OpenedPolicy
+from reprorl.orchestrate.policies import OpenedPolicy, load_run_base
 from reprorl.orchestrate.sample import runner_for
 from reprorl.orchestrate.versions import trained_version
-from reprorl.policy import LoadedModel, load_base
+from reprorl.policy import LoadedModel
 from reprorl.policy.chat import ChatRenderer
 from reprorl.policy.sampling import LocalSampler
 from reprorl.rollout.episode import Provenance
@@ -102,7 +102,7 @@ async def evaluate_target(
         record = RunRecord(store, str(version.meta["run_id"]))
         adapter_folder = store.export(target, Path(tempfile.mkdtemp(prefix="reprorl-eval-")) / "adapter")
     spec = RunSpec.model_validate(record.spec())
-    loaded = load_base(str(spec.model.base), store=store)
+    loaded = load_run_base(store, spec)
     trainer = build_trainer(store, loaded, spec)
     if step is not None:
         trainer.load_state(_checkpoint(record, step))
@@ -138,7 +138,7 @@ async def _evaluate_base(
         raise UserInputError(
             f"{target} is a base model: give --spec FILE for the sampling and env settings", field="--spec"
         )
-    loaded = load_base(target, store=store)
+    loaded = load_run_base(store, settings, target)
     trainer = LocalTrainer(loaded.model, loaded.tokenizer, base_hash=loaded.base_hash)
     resolved = [suite_of(store, ref) for ref in suites]
     run_seed = settings.seed if seed is None else seed

@@ -6,16 +6,19 @@ replayed rollout is sampled by a policy built exactly the way the original was.
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from reprorl.config import RunSpec
 from reprorl.config.spec import RemoteInference
 from reprorl.errors import UserInputError
 from reprorl.policy import LoadedModel, load_adapter, load_base
 from reprorl.policy.chat import ChatRenderer
+from reprorl.policy.digest import text_hash
 from reprorl.policy.http import HttpSampler
 from reprorl.policy.sampling import LocalSampler, Sampler
 from reprorl.policy.transport import RetryPolicy
@@ -35,6 +38,37 @@ class OpenedPolicy:
     provenance: Provenance
 
 
+def chat_template_text(store: Store, spec: RunSpec) -> str | None:
+    """The chat template `spec.model.chat_template` names: one UTF-8 Jinja string; None: none set."""
+    if spec.model.chat_template is None:
+        return None
+    ref = str(spec.model.chat_template)
+    try:
+        text = store.read(ref).decode("utf-8")
+    except UnicodeDecodeError:
+        raise UserInputError(
+            f"{ref} is not UTF-8 text (a Jinja chat template)", field="model.chat_template"
+        ) from None
+    if not text.strip():
+        raise UserInputError(f"{ref} is empty; store a Jinja chat template", field="model.chat_template")
+    return text
+
+
+def with_chat_template(loaded: LoadedModel, template: str | None) -> LoadedModel:
+    """`loaded` rendering with `template` instead of its own (unchanged when None)."""
+    if template is None:
+        return loaded
+    loaded.tokenizer.chat_template = template
+    return dataclasses.replace(loaded, chat_template_hash=text_hash(template))
+
+
+def load_run_base(store: Store, spec: RunSpec, base: str | None = None) -> LoadedModel:
+    """The base model a run of `spec` trains and samples (`base`: its hash, if already resolved),
+    with the spec's `model.chat_template` applied."""
+    loaded = load_base(base or str(spec.model.base), store=store)
+    return with_chat_template(loaded, chat_template_text(store, spec))
+
+
 def open_policy(
     store: Store,
     base: str,
@@ -43,18 +77,20 @@ def open_policy(
     dtype: str = "float32",
     threads: int | None = None,
     inference: RemoteInference | None = None,
+    chat_template: str | None = None,
 ) -> OpenedPolicy:
     """Load `base` (a reference or hash in `store`) with an optional stored adapter, for sampling.
 
     With `inference`, a remote server samples; the base is still loaded here for its tokenizer and
-    chat template, which render every prompt.
+    chat template, which render every prompt. `chat_template`: a template to render with instead
+    of the model's own (`chat_template_text`).
     """
     if dtype not in DTYPES:
         raise UserInputError(f"sampling dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     if threads is not None and threads != torch.get_num_threads():
         # Reduction order depends on how the work is split; a replay must split it the same way.
         torch.set_num_threads(threads)
-    loaded = load_base(base, store=store, dtype=DTYPES[dtype])
+    loaded = with_chat_template(load_base(base, store=store, dtype=DTYPES[dtype]), chat_template)
     adapter_version = None
     policy_version = f"base:{loaded.base_hash}"
     model = loaded.model

@@ -18,8 +18,7 @@ from reprorl.config import RunSpec
 from reprorl.errors import RecordError, UserInputError
 from reprorl.orchestrate.kept_versions import kept_tensors
 from reprorl.orchestrate.loop import build_trainer
-from reprorl.orchestrate.policies import DTYPES, OpenedPolicy, open_policy
-from reprorl.policy import load_base
+from reprorl.orchestrate.policies import DTYPES, OpenedPolicy, chat_template_text, load_run_base, open_policy
 from reprorl.policy.chat import ChatRenderer
 from reprorl.policy.sampling import LocalSampler
 from reprorl.rollout.episode import Provenance
@@ -35,7 +34,7 @@ class _KeptPolicy:
     """One run's trainer rebuilt for replay, holding whichever kept version was asked for last."""
 
     def __init__(self, store: Store, spec: RunSpec, base: str, dtype: str) -> None:
-        loaded = load_base(base, store=store)
+        loaded = load_run_base(store, spec, base)
         self.trainer: LocalTrainer = build_trainer(store, loaded, spec)
         self.snapshot = SamplingSnapshot(self.trainer, DTYPES[dtype])
         self.sampler = LocalSampler(
@@ -90,6 +89,7 @@ class ReplayPolicies:
                 adapter=target.adapter_version,
                 dtype=dtype,
                 threads=threads if isinstance(threads, int) else None,
+                chat_template=chat_template_text(self.store, spec),
             )
         opened = self._opened[key]
         if opened.sampler.policy_version != version:

@@ -23,7 +23,7 @@ from reprorl.hashing import derive_seed
 from reprorl.orchestrate.integrity import integrity_metrics
 from reprorl.orchestrate.judge_reward import check_judge, record_judge, run_judge
 from reprorl.orchestrate.launch import create_run
-from reprorl.orchestrate.policies import OpenedPolicy, open_policy
+from reprorl.orchestrate.policies import OpenedPolicy, chat_template_text, open_policy
 from reprorl.rollout.episode import EpisodeLimits
 from reprorl.rollout.runner import BARRIERS, Barrier, RolloutResult, RolloutRunner, plan_groups
 from reprorl.rollout.scoring import counted, exclusion_metrics
@@ -135,6 +135,7 @@ async def sample_run(store: Store, spec: RunSpec, *, steps: int, show_progress: 
         adapter=str(init) if init else None,
         dtype=spec.model.sampling_dtype,
         inference=spec.model.inference,
+        chat_template=chat_template_text(store, spec),
     )
     judge = check_judge(store, spec)
     record = create_run(spec, store)

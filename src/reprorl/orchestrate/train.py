@@ -19,9 +19,9 @@ from reprorl.orchestrate.checkpoint import latest_checkpoint, rewind
 from reprorl.orchestrate.judge_reward import check_judge, record_judge
 from reprorl.orchestrate.launch import create_run
 from reprorl.orchestrate.loop import TrainLoop, build_trainer
+from reprorl.orchestrate.policies import chat_template_text, load_run_base
 from reprorl.orchestrate.preflight import check_run_leakage, record_leakage
 from reprorl.orchestrate.schedule_replay import RecordedSchedule
-from reprorl.policy import load_base
 from reprorl.store import RunRecord, Store
 from reprorl.trainer import EWMAWeights, LocalTrainer
 
@@ -58,7 +58,7 @@ async def train_run(
     record = resume or created or prepare_run(store, spec)
     record.set_status("running")
     try:
-        loaded = load_base(str(spec.model.base), store=store)
+        loaded = load_run_base(store, spec)
         trainer = build_trainer(store, loaded, spec)
         ewma = (
             EWMAWeights(trainer.params, spec.learning.ewma_decay)
@@ -103,6 +103,7 @@ def prepare_run(store: Store, spec: RunSpec) -> RunRecord:
     """The record of a new run of `spec`, written only once the leakage and judge gates let it through."""
     leakage = check_run_leakage(store, spec)
     judge = check_judge(store, spec)
+    chat_template_text(store, spec)  # a template that cannot be read is refused before any record
     record = create_run(spec, store)
     record_leakage(record, leakage)
     record_judge(record, judge)

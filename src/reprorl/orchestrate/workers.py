@@ -28,10 +28,9 @@ import torch
 from reprorl.config import RunSpec, validate_spec
 from reprorl.errors import UserInputError
 from reprorl.orchestrate.loop import build_trainer
-from reprorl.orchestrate.policies import OpenedPolicy
+from reprorl.orchestrate.policies import OpenedPolicy, load_run_base
 from reprorl.orchestrate.sample import runner_for
 from reprorl.orchestrate.versions import PolicyVersion, PolicyVersions
-from reprorl.policy import load_base
 from reprorl.policy.chat import ChatRenderer
 from reprorl.rollout.runner import RolloutJob, RolloutResult, RolloutRunner
 from reprorl.store import Store
@@ -98,7 +97,7 @@ class RolloutWorker:
     async def start(self) -> dict[str, Any]:
         spec = validate_spec(self.spec_data)
         store = Store(Path(self.home), self.db_url)
-        loaded = load_base(str(spec.model.base), store=store)
+        loaded = load_run_base(store, spec)
         self.spec, self.loaded = spec, loaded
         self.renderer = ChatRenderer(loaded.tokenizer)
         trainer = build_trainer(store, loaded, spec)  # the trained tensors' module layout, no optimizer

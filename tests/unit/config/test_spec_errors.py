@@ -30,7 +30,6 @@ adapter = { kind = "lora", rank = 8, alpha = 16.0, dropout = 0.0, targets = ["q_
 [data]
 owner = "data-team@example.com"
 train = "train-set@v1"
-envs = ["calc-env@v1", "search-env@v1"]
 tool_output_chars = 2048
 noise = { timeout_p = 0.1 }
 
@@ -62,8 +61,6 @@ ARTIFACTS = (
     "base-model",
     "init-adapter",
     "train-set",
-    "calc-env",
-    "search-env",
     "suite-a",
     "suite-b",
 )
@@ -239,28 +236,28 @@ CASES: list[Case] = [
     ref_case("base-latest-uppercase", "base-model@v1", "base-model@LATEST", "model.base"),
     ref_case("train-production", "train-set@v1", "train-set@production", "data.train"),
     ref_case("suite-main", "suite-b@v1", "suite-b@main", "evaluation.suites[1]"),
-    ref_case("env-head", "calc-env@v1", "calc-env@head", "data.envs[0]"),
+    ref_case("suite-head", "suite-a@v1", "suite-a@head", "evaluation.suites[0]"),
     ref_case("init-adapter-current", "init-adapter@v1", "init-adapter@current", "model.init_adapter"),
     ref_case("suite-stable", "suite-a@v1", "suite-a@stable", "evaluation.suites[0]"),
-    ref_case("env-dev", "search-env@v1", "search-env@dev", "data.envs[1]"),
+    ref_case("suite-dev", "suite-b@v1", "suite-b@dev", "evaluation.suites[1]"),
     ref_case("train-empty-version", "train-set@v1", "train-set@", "data.train"),
     ref_case("init-adapter-empty-version", "init-adapter@v1", "init-adapter@", "model.init_adapter"),
     ref_case("base-bare-name", "base-model@v1", "base-model", "model.base"),
     ref_case("suite-bare-name", "suite-b@v1", "suite-b", "evaluation.suites[1]"),
-    ref_case("env-bare-name", "calc-env@v1", "calc-env", "data.envs[0]"),
+    ref_case("first-suite-bare-name", "suite-a@v1", "suite-a", "evaluation.suites[0]"),
     # -- versions that are neither vN nor a hash ------------------------------------------------
     ref_case("version-dotted", "base-model@v1", "base-model@1.2", "model.base"),
     ref_case("version-word", "train-set@v1", "train-set@abc", "data.train"),
     ref_case("version-short-hex", "suite-a@v1", "suite-a@abc12", "evaluation.suites[0]"),
     ref_case("version-short-sha256", "base-model@v1", "base-model@sha256:abc12", "model.base"),
-    ref_case("version-v0", "search-env@v1", "search-env@v0", "data.envs[1]"),
+    ref_case("version-v0", "suite-b@v1", "suite-b@v0", "evaluation.suites[1]"),
     ref_case("version-uppercase-hex", "init-adapter@v1", "init-adapter@ABCDEF0123", "model.init_adapter"),
     ref_case("bare-hash-too-short", "base-model@v1", "sha256:" + HEX64[:63], "model.base"),
     # -- artifact names -------------------------------------------------------------------------
     ref_case("artifact-name-leading-dash", "base-model@v1", "-base-model@v1", "model.base"),
     ref_case("artifact-name-with-space", "train-set@v1", "train set@v1", "data.train"),
     ref_case("artifact-name-empty", "suite-b@v1", "@v1", "evaluation.suites[1]"),
-    ref_case("artifact-name-with-colon", "calc-env@v1", "calc:env@v1", "data.envs[0]"),
+    ref_case("artifact-name-with-colon", "suite-a@v1", "suite:a@v1", "evaluation.suites[0]"),
     ref_case("artifact-name-with-at", "base-model@v1", "base@model@v1", "model.base"),
     ref_case("artifact-name-too-long", "base-model@v1", "m" * 129 + "@v1", "model.base"),
     # -- overrides ------------------------------------------------------------------------------
@@ -277,7 +274,12 @@ CASES: list[Case] = [
     case("override-nan", BASE, "learning.lr", "learning.lr=nan"),
     case("override-section-scalar", BASE, "learning", "learning=3"),
     case("override-floating-label", BASE, "model.base", "model.base=base-model@latest"),
-    case("override-floating-list-item", BASE, "data.envs[0]", 'data.envs=["calc-env@main"]'),
+    case("override-floating-list-item", BASE, "evaluation.suites[0]", 'evaluation.suites=["suite-a@main"]'),
+    case(
+        "removed-data-envs",
+        edit(('train = "train-set@v1"', 'train = "train-set@v1"\nenvs = ["calc-env@v1"]')),
+        "data.envs",
+    ),
     case("override-adapter-key", BASE, "model.adapter.rnk", "model.adapter.rnk=4"),
     case("override-kl-off", BASE, "learning.kl", "learning.kl.estimator=off"),
     case("override-last-one-bad", BASE, "learning.top_p", "seed=3", "learning.top_p=2"),
@@ -325,7 +327,7 @@ def test_base_spec_is_valid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     path.write_text(BASE, encoding="utf-8")
     code, out, err = run_cli(["--home", str(tmp_path / "home"), "spec", "validate", str(path)], capsys)
     assert (code, err) == (0, "")
-    assert "7 references" in out
+    assert "5 references" in out
     assert not (tmp_path / "home").exists()
 
 

@@ -32,7 +32,6 @@ init_adapter = "warm-start@v2"
 [data]
 owner = "data-team"
 train = "train-set@v1"
-envs = ["calc-env@v1", "search-env@v3"]
 
 [learning]
 owner = "rl-team"
@@ -59,7 +58,6 @@ lr = 1e-5
 owner = "rl-team"
 
 [data]
-envs = ["calc-env@v1", "search-env@v3"]
 train = "train-set@v1"
 owner = "data-team"
 
@@ -73,8 +71,6 @@ REFS = {
     ("model", "base"): "base-model@v1",
     ("model", "init_adapter"): "warm-start@v2",
     ("data", "train"): "train-set@v1",
-    ("data", "envs", 0): "calc-env@v1",
-    ("data", "envs", 1): "search-env@v3",
     ("evaluation", "suites", 0): "suite-a@v1",
     ("evaluation", "suites", 1): "suite-b@v1",
 }
@@ -181,10 +177,10 @@ def test_resolve_spec_pins_every_reference(tmp_path: Path) -> None:
 
 def test_resolve_spec_names_the_reference_it_cannot_pin(tmp_path: Path) -> None:
     spec = load_spec(write(tmp_path, SPEC))
-    pins = {ref: fake_hash(ref) for ref in REFS.values() if ref != "search-env@v3"}
+    pins = {ref: fake_hash(ref) for ref in REFS.values() if ref != "suite-b@v1"}
     with pytest.raises(SpecError) as caught:
         resolve_spec(spec, pins.__getitem__)
-    assert caught.value.field == "data.envs[1]"
+    assert caught.value.field == "evaluation.suites[1]"
 
 
 def test_adapter_kind_defaults_to_lora_and_a_bom_is_accepted(tmp_path: Path) -> None:

@@ -187,7 +187,9 @@ def test_link_is_idempotent(registry: Registry) -> None:
     ]
 
 
-def test_the_same_bytes_from_another_run_are_a_new_version_with_that_runs_metadata(registry: Registry) -> None:
+def test_the_same_bytes_from_another_run_are_a_new_version_with_that_runs_metadata(
+    registry: Registry,
+) -> None:
     blob = addr(b"adapter")
     one = registry.register("a-adapter", blob, kind="adapter", size=1, meta={"run_id": "run-1", "lr": 1})
     again = registry.register("a-adapter", blob, kind="adapter", size=1, meta={"run_id": "run-1", "lr": 1})

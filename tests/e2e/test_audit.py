@@ -307,7 +307,25 @@ def untracked_code(home: Path) -> None:
     reseal(home, lambda info: info["environment"]["code"]["cwd"].update(code))
 
 
-CASES: list[tuple[Callable[[Path], None], set[str]]] = [
+def lose_a_kept_policy_version(home: Path) -> None:
+    """The weights a rollout was sampled from are gone: the run can no longer be replayed."""
+    kept = read_log(run_dir(home) / "versions.jsonl").records
+    Store(home).blobs.path_of(str(kept[-1]["tensors"]), verify=False).unlink()
+
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+def commit_in_no_repository(home: Path) -> None:
+    code = {"root": str(REPOSITORY), "commit": "f" * 40, "dirty": False}
+    reseal(home, lambda info: info["environment"]["code"]["cwd"].update(code))
+
+
+def _name(case: Any) -> str:
+    return str((case.values if hasattr(case, "values") else case)[0].__name__)
+
+
+CASES: list[Any] = [
     (corrupt_base_weights, {"base_model"}),
     (remove_base_blob, {"base_model", "recreate"}),
     (drop_event("sft_done"), {"base_model"}),
@@ -328,10 +346,16 @@ CASES: list[tuple[Callable[[Path], None], set[str]]] = [
     (edit_run_json_unsealed, {"recreate"}),
     (dirty_without_diff, {"recreate"}),
     (untracked_code, {"recreate"}),
+    (lose_a_kept_policy_version, {"recreate"}),
+    pytest.param(
+        commit_in_no_repository,
+        {"recreate"},
+        marks=pytest.mark.skipif(not (REPOSITORY / ".git").exists(), reason="not run from a git checkout"),
+    ),
 ]
 
 
-@pytest.mark.parametrize(("damage", "expected"), CASES, ids=[c[0].__name__ for c in CASES])
+@pytest.mark.parametrize(("damage", "expected"), CASES, ids=[_name(c) for c in CASES])
 def test_removing_the_proving_record_fails_its_answer(
     home: Path, damage: Callable[[Path], None], expected: set[str]
 ) -> None:

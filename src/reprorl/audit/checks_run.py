@@ -8,7 +8,9 @@ answer or what is missing. Question 9 also owns record integrity: the checksums 
 from __future__ import annotations
 
 import json
+import subprocess
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 from reprorl.audit.facts import (
@@ -20,6 +22,7 @@ from reprorl.audit.facts import (
     short,
     verify_artifact,
 )
+from reprorl.audit.replayable import replay_sample
 from reprorl.config import iter_refs
 from reprorl.config.load import dotted
 from reprorl.errors import ReprorlError
@@ -28,6 +31,8 @@ from reprorl.hashing import content_hash
 from reprorl.refs import parse_ref
 from reprorl.store import iter_runs
 from reprorl.types import Split
+
+GIT_TIMEOUT_S = 10.0
 
 # Untracked files with these endings (or whole untracked folders) may be code the run imported;
 # git's diff never holds them, so their content is not in the record.
@@ -229,7 +234,8 @@ def cost(f: RunFacts) -> Finding:
 
 
 def recreate(f: RunFacts) -> Finding:
-    """9. Intact records, a pinned spec with every input stored, the code, packages and seeds recorded."""
+    """9. Intact records, a pinned spec with every input stored, the code, packages and seeds recorded;
+    a seeded sample of the rollouts replays and every policy version they name loads."""
     out = Finding()
     _integrity(f, out)
     info, spec = f.info or {}, f.need_spec(out)
@@ -261,6 +267,8 @@ def recreate(f: RunFacts) -> Finding:
                 f"sampled through {spec.model.inference.url}: its batches are not recorded, "
                 "so no bit-exact replay"
             )
+        elif f.rollouts is not None:
+            replay_sample(f, out, spec.seed)
     env = info.get("environment")
     if not isinstance(env, dict):
         out.fail("run.json records no environment (code, packages, hardware)")
@@ -318,6 +326,8 @@ def _code(env: dict[str, Any], out: Finding) -> None:
         at = f"environment.code.{where} ({state.get('root', '?')})"
         commit, untracked = state.get("commit"), list(state.get("untracked") or [])
         source = [u for u in untracked if u.endswith("/") or u.endswith(SOURCE_SUFFIXES)]
+        if commit:
+            _commit_exists(at, str(state.get("root", "")), str(commit), out)
         if not commit:
             out.fail(f"{at}: no commit recorded")
         elif not state.get("dirty"):
@@ -333,3 +343,24 @@ def _code(env: dict[str, Any], out: Finding) -> None:
             out.fail(f"{at}: untracked code not in the record: {', '.join(source[:3])}{more}; commit it")
         if len(untracked) > len(source):
             out.note(f"{at}: {len(untracked) - len(source)} untracked non-code file(s) not recorded")
+
+
+def _commit_exists(at: str, root: str, commit: str, out: Finding) -> None:
+    """Where the recorded repository is at hand, the recorded commit must be in it."""
+    if not root or not (Path(root) / ".git").exists():
+        out.note(f"{at}: the repository is not at hand here, so commit {commit[:12]} was not looked up")
+        return
+    try:
+        found = subprocess.run(
+            ["git", "-C", root, "cat-file", "-e", f"{commit}^{{commit}}"],
+            capture_output=True,
+            timeout=GIT_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        out.note(f"{at}: could not ask git about commit {commit[:12]}: {exc}")
+        return
+    if found.returncode != 0:
+        out.fail(f"{at}: commit {commit[:12]} is not in the repository at {root}")
+    else:
+        out.ok(f"{at}: commit {commit[:12]} exists in the repository")

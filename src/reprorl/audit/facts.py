@@ -14,7 +14,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from reprorl.config import RunSpec, validate_spec
+from reprorl.config import RunSpec
+from reprorl.config.load import stored_spec
 from reprorl.errors import ArtifactNotFoundError, ReprorlError
 from reprorl.hashing import HASH_PREFIX
 from reprorl.refs import parse_ref
@@ -33,6 +34,8 @@ ROLLOUT_COLUMNS = (
     "env_version",
     "tool_versions",
     "base_model_hash",
+    "adapter_version",
+    "policy_version",
     "termination",
     "error",
     "retried",
@@ -145,7 +148,7 @@ class RunFacts:
         if self.spec_doc is None:
             return None, f"spec.json cannot be read ({self.spec_error})"
         try:
-            return validate_spec(self.spec_doc), ""
+            return stored_spec(self.spec_doc), ""
         except ReprorlError as exc:
             return None, f"spec.json does not validate as a run spec: {exc}"
 

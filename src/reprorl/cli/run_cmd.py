@@ -12,6 +12,7 @@ import typer
 from reprorl.cli.context import options
 from reprorl.cli.output import console
 from reprorl.config import RunSpec, load_spec, resolve_spec
+from reprorl.config.load import stored_spec
 from reprorl.errors import UserInputError
 from reprorl.sinks import SinkObserver, SinkTarget, parse_targets
 from reprorl.store import RunRecord, Store
@@ -58,7 +59,7 @@ def run(
             raise UserInputError(
                 f"run {resume} already finished (status succeeded); there is nothing to resume"
             )
-        spec = RunSpec.model_validate(record.spec())
+        spec = stored_spec(record.spec())
         console.print(f"resuming run {resume} (was {status})")
         if ray is not None:
             record = on_ray(store, spec, record, ray, trainer_gpus, targets, resume=True)

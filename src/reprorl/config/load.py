@@ -175,6 +175,21 @@ def validate_spec(data: dict[str, Any]) -> RunSpec:
         raise spec_error_from(exc) from None
 
 
+# Fields removed from the spec whose value in records of older versions (their default) never had
+# an effect: such records still load. Any other value is refused, as an unknown key.
+REMOVED_DEFAULTS: dict[tuple[str, str], Any] = {("data", "envs"): []}
+
+
+def stored_spec(doc: dict[str, Any]) -> RunSpec:
+    """The run spec a record's `spec.json` holds, written by this version or an older one."""
+    data = dict(doc)
+    for (section, key), default in REMOVED_DEFAULTS.items():
+        table = data.get(section)
+        if isinstance(table, dict) and key in table and table[key] == default:
+            data[section] = {k: v for k, v in table.items() if k != key}
+    return validate_spec(data)
+
+
 def load_spec(
     path: str | Path, overrides: Sequence[str] = (), *, pin_bare: Callable[[str], str] | None = None
 ) -> RunSpec:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reprorl.config import RunSpec
+from reprorl.config.load import stored_spec
 from reprorl.evaluation.judge import Judge, JudgeConfig, JudgeScore, write_scores
 from reprorl.evaluation.labels import PASS_THRESHOLD
 from reprorl.orchestrate.judge_audit import newest_audit
@@ -78,7 +78,7 @@ class JudgedRun:
 
 def run_tasks(store: Store, record: RunRecord) -> dict[str, Task]:
     """The tasks of the run's training set and evaluation suites, by id, as the store holds them now."""
-    spec = RunSpec.model_validate(record.spec())
+    spec = stored_spec(record.spec())
     tasks: dict[str, Task] = {}
     for ref in [str(spec.data.train), *(str(s) for s in spec.evaluation.suites)]:
         tasks.update({t.id: t for t in TaskSet.from_jsonl(ref, store.read(ref), source=ref).tasks})

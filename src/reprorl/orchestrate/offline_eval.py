@@ -19,6 +19,7 @@ from peft import PeftModel, set_peft_model_state_dict
 from safetensors.torch import load_file
 
 from reprorl.config import RunSpec
+from reprorl.config.load import stored_spec
 from reprorl.errors import UserInputError
 from reprorl.evaluation.point import EvalPoint, evaluate
 from reprorl.orchestrate.checkpoint import GOOD_PREFIX, STEP_PREFIX, checkpoints_root, verify_checkpoint
@@ -101,7 +102,7 @@ async def evaluate_target(
             )
         record = RunRecord(store, str(version.meta["run_id"]))
         adapter_folder = store.export(target, Path(tempfile.mkdtemp(prefix="reprorl-eval-")) / "adapter")
-    spec = RunSpec.model_validate(record.spec())
+    spec = stored_spec(record.spec())
     loaded = load_run_base(store, spec)
     trainer = build_trainer(store, loaded, spec)
     if step is not None:

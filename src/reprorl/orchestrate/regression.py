@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from reprorl.config import RunSpec
+from reprorl.config.load import stored_spec
 from reprorl.errors import ArtifactNotFoundError, UserInputError
 from reprorl.evaluation.leakage import task_identity
 from reprorl.orchestrate.sample import load_taskset
@@ -31,7 +31,7 @@ class Grown:
 
 def failed_tasks(store: Store, record: RunRecord, where: str) -> list[Task]:
     """The distinct tasks of `record`'s rollouts matching `where`, from the task sets the run pinned."""
-    spec = RunSpec.model_validate(record.spec())
+    spec = stored_spec(record.spec())
     known: dict[str, Task] = {}
     for ref in (spec.data.train, *spec.evaluation.suites):
         for task in load_taskset(store, str(ref)).tasks:

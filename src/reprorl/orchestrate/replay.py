@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from reprorl.config import RunSpec
+from reprorl.config.load import stored_spec
 from reprorl.envs.base import EnvConfig
 from reprorl.envs.sandbox import SandboxPool
 from reprorl.errors import NotFoundError, RecordError, UserInputError
@@ -217,7 +218,7 @@ class Replayer:
     def _run(self, run_id: str) -> tuple[RunRecord, RolloutStore, RunSpec]:
         if run_id not in self._runs:
             record = find_run(self.store, run_id)
-            self._runs[run_id] = (record, RolloutStore(record), RunSpec.model_validate(record.spec()))
+            self._runs[run_id] = (record, RolloutStore(record), stored_spec(record.spec()))
         return self._runs[run_id]
 
     async def _sample(self, opened: OpenedPolicy, requests: list[SampleRequest]) -> list[Sample]:

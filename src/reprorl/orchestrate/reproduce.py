@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from reprorl.config import RunSpec
+from reprorl.config.load import stored_spec
 from reprorl.errors import UserInputError
 from reprorl.orchestrate.schedule_replay import ScheduleError, read_schedule
 from reprorl.orchestrate.train import train_run
@@ -176,7 +177,7 @@ async def reproduce_run(store: Store, run_id: str, *, show_progress: bool = Fals
             "resume it (reprorl run --resume) before reproducing it",
             field="RUN",
         )
-    spec = RunSpec.model_validate(original.spec())
+    spec = stored_spec(original.spec())
     notes, schedule = timing_dependent(spec), None
     if notes:
         try:

@@ -18,6 +18,7 @@ from reprorl.config import (
     resolve_spec,
     validate_spec,
 )
+from reprorl.config.load import stored_spec
 from reprorl.errors import FloatingReferenceError, ReprorlError, SpecError
 
 SPEC = """\
@@ -193,3 +194,17 @@ def test_adapter_kind_defaults_to_lora_and_a_bom_is_accepted(tmp_path: Path) -> 
     assert full.model.adapter.kind == "full"
     with pytest.raises(SpecError, match=r"^model\.adapter: adapter kind must be 'lora' or 'full'"):
         load_spec(path, ["model.adapter.kind=qlora"])
+
+
+def test_a_record_written_before_data_envs_was_removed_still_loads(tmp_path: Path) -> None:
+    spec = load_spec(write(tmp_path, SPEC))
+    old = spec.model_dump(mode="json")
+    old["data"]["envs"] = []  # what every record of an older version holds: the default, no effect
+    assert stored_spec(old) == spec
+    with pytest.raises(SpecError) as caught:
+        validate_spec(old)  # a spec a person writes today: the key is unknown
+    assert caught.value.field == "data.envs"
+    old["data"]["envs"] = ["calc-env@v1"]
+    with pytest.raises(SpecError) as caught:
+        stored_spec(old)
+    assert caught.value.field == "data.envs"

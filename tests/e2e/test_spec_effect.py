@@ -90,3 +90,42 @@ def test_a_chat_template_that_is_not_text_is_one_line_naming_the_field(
     error = cli.error("run", str(tmp_path / "spec.toml"))
     assert "model.chat_template" in error and "UTF-8" in error, error
     assert run_ids(cli.home) == []  # refused before any record was written
+
+
+@pytest.mark.parametrize(
+    ("cap", "field"),
+    [
+        ("max_tokens = 1", "budget.max_tokens"),
+        ("max_wall_s = 0.001", "budget.max_wall_s"),
+        ("max_usd = 1e-9\nprices = { completion_usd_per_mtok = 1.0 }", "budget.max_usd"),
+    ],
+)
+def test_a_budget_cap_stops_the_run_once_it_is_spent(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], cap: str, field: str
+) -> None:
+    tiny_training_store(tmp_path)
+    cli = Cli(tmp_path / "home", capsys)
+    spec = SPEC.format(model_extra="").replace("steps = 1\n", "steps = 3\n") + f"[budget]\n{cap}\n"
+    (tmp_path / "spec.toml").write_text(spec)
+    code, _, err = cli("run", str(tmp_path / "spec.toml"))
+    assert code == 0, err
+    (run_id,) = run_ids(cli.home)
+    record = RunRecord(Store(cli.home), run_id)
+    status = record.status()
+    assert status["status"] == "stopped" and field in status["reason"], status
+    steps = [m["step"] for m in record.metrics().records if m.get("stage") is None]
+    assert steps == [0]  # the step that spent the cap is kept; none after it
+    (event,) = [e for e in record.events().records if e.get("event") == "stopped_by_rule"]
+    assert event["rules"] == [field] and event["step"] == 1
+
+
+def test_training_refuses_a_remote_inference_server_it_could_not_send_weights_to(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tiny_training_store(tmp_path)
+    cli = Cli(tmp_path / "home", capsys)
+    extra = 'inference = { url = "http://127.0.0.1:9/v1", model = "m" }'
+    (tmp_path / "spec.toml").write_text(SPEC.format(model_extra=extra))
+    error = cli.error("run", str(tmp_path / "spec.toml"))
+    assert "model.inference" in error, error
+    assert run_ids(cli.home) == []

@@ -365,12 +365,22 @@ class PriceTable(SpecModel):
 
 
 class BudgetSpec(SpecModel):
-    """Caps that stop a run before it spends more than agreed; none = no cap."""
+    """Caps checked before each step and eval point: once one is spent the run stops (`stopped`, with a
+    `stopped_by_rule` event naming it; the step that crossed it is kept); none = no cap."""
 
     prices: PriceTable = Field(default_factory=PriceTable, description="Prices for cost accounting.")
-    max_usd: float | None = Field(default=None, ge=0.0, description="Total compute cost cap.")
-    max_wall_s: float | None = Field(default=None, gt=0.0, description="Wall-clock cap, seconds.")
-    max_tokens: int | None = Field(default=None, gt=0, description="Sampled-token cap.")
+    max_usd: float | None = Field(
+        default=None,
+        ge=0.0,
+        description="Total cost cap: every rollout's cost_usd (train and eval, retries included) plus the "
+        "updates' CPU time at cpu_usd_per_hour.",
+    )
+    max_wall_s: float | None = Field(
+        default=None, gt=0.0, description="Cap on the seconds spent in rollouts, updates and eval points."
+    )
+    max_tokens: int | None = Field(
+        default=None, gt=0, description="Cap on sampled tokens, train and eval, retries included."
+    )
 
 
 class RunSpec(SpecModel):

@@ -26,6 +26,7 @@ from typing import Any
 from rich.progress import Progress, TaskID
 
 from reprorl.evaluation.point import EvalPoint
+from reprorl.orchestrate.budget import BudgetMeter
 from reprorl.orchestrate.buffers import (
     BufferedBatch,
     PipelineState,
@@ -206,7 +207,10 @@ class AsyncTrainLoop(TrainLoop):
         self, runner: RolloutRunner, start: int, progress: Progress, bar: TaskID
     ) -> list[EvalPoint]:
         learning, points = self.learning, []
+        self.budget = BudgetMeter.of_record(self.spec.budget, self.record)
         for step in range(start, learning.steps + 1):
+            if self.budget_stop(step):
+                break
             if step != start:
                 self.refresh_policy(step)
             if self.eval_due(step):

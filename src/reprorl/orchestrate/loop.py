@@ -27,6 +27,7 @@ from reprorl.config.spec import LoraAdapter
 from reprorl.errors import UserInputError
 from reprorl.evaluation.point import EvalPoint, evaluate
 from reprorl.hashing import derive_seed
+from reprorl.orchestrate.budget import BudgetMeter
 from reprorl.orchestrate.checkpoint import (
     GOOD_PREFIX,
     Checkpoint,
@@ -146,6 +147,7 @@ class TrainLoop:
         self.stopped: str | None = None  # why a rollback rule ended the run early
         self.barrier: Barrier | None = None  # which turns share a sampling batch; None: the spec's
         self.keeper = VersionKeeper(record)  # every version sampled from, so each rollout replays
+        self.budget = BudgetMeter(spec.budget)  # what was spent; `run()` reads it from the record
         self.open_sampling()
 
     def follow(self, schedule: RecordedSchedule) -> None:
@@ -241,6 +243,18 @@ class TrainLoop:
         )
         self.record.event("sft_done", adapter=warm.adapter_hash, seconds=time.perf_counter() - started)
 
+    def budget_stop(self, step: int) -> bool:
+        """Stop the run once it has spent one of `budget`'s caps (checked before each step and eval)."""
+        reached = self.budget.reached()
+        if reached is None:
+            return False
+        field, why = reached
+        self.stopped = f"{why} (before step {step})"
+        self.record.event(
+            "stopped_by_rule", step=step, rules=[field], action="stop", spent=self.budget.figures()
+        )
+        return True
+
     def unscored_stop(self, step: int, trajectories: Sequence[Trajectory], where: str) -> bool:
         """Stop the run when more of these rollouts went unscored than `evaluation.max_unscored_share`
         allows: what is left is no fair sample of the policy (the verifier may fail on one kind of
@@ -288,6 +302,7 @@ class TrainLoop:
             )
             self.writer.write(step, point.result.all())
             timing = {"eval_s": time.perf_counter() - t0, "eval_cpu_s": time.process_time() - c0}
+            self.budget.spend(point.result.all(), timing)
             self.record.log_metrics(
                 step,
                 {**point.metrics(), **timing},
@@ -350,6 +365,7 @@ class TrainLoop:
         policy_version: str,
     ) -> None:
         """The step's metric line (rollouts, groups, the update, health, timing) and the guard's tally."""
+        self.budget.spend(result.all(), timing)
         metrics = {
             **step_metrics(result, self.tasks),
             **group_stats,
@@ -370,7 +386,10 @@ class TrainLoop:
             async with runner_for(
                 self.opened, self.spec, self.record.run_id, self.store.root, barrier=self.barrier
             ) as runner:
+                self.budget = BudgetMeter.of_record(self.spec.budget, self.record)
                 for step in range(start, learning.steps + 1):
+                    if self.budget_stop(step):
+                        break
                     self.refresh_policy(step)
                     if self.eval_due(step):
                         new = await self.evaluate(runner, step)

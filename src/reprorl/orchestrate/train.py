@@ -13,6 +13,7 @@ import shutil
 from typing import Any
 
 from reprorl.config import RunSpec
+from reprorl.errors import UserInputError
 from reprorl.orchestrate.arrival_train import ArrivalTrainLoop
 from reprorl.orchestrate.async_train import AsyncTrainLoop
 from reprorl.orchestrate.checkpoint import latest_checkpoint, rewind
@@ -101,6 +102,12 @@ async def train_run(
 
 def prepare_run(store: Store, spec: RunSpec) -> RunRecord:
     """The record of a new run of `spec`, written only once the leakage and judge gates let it through."""
+    if spec.model.inference is not None:
+        raise UserInputError(
+            "training samples from the weights it is training, in this process; a remote server "
+            "cannot be sent them, so remove model.inference (it serves `reprorl sample`)",
+            field="model.inference",
+        )
     leakage = check_run_leakage(store, spec)
     judge = check_judge(store, spec)
     chat_template_text(store, spec)  # a template that cannot be read is refused before any record

@@ -6,7 +6,8 @@ With r = π_ref(y)/π_θ(y) for tokens y sampled from π_θ, per token:
     k2 = ½ (log r)²                (biased, low variance; its gradient is that of the reverse KL)
     k3 = (r − 1) − log r           (unbiased, low variance, always ≥ 0)
 
-reprorl reports k3 and, as a penalty, uses k2's gradient (DESIGN.md).
+reprorl reports k3 whenever reference logprobs are there; as a penalty, β · mean k of the estimator
+`learning.kl.estimator` names (k2 by default: its gradient is that of the reverse KL).
 """
 
 from __future__ import annotations
@@ -33,13 +34,20 @@ ESTIMATORS = {"k1": k1, "k2": k2, "k3": k3}
 
 
 def kl_penalty(
-    loss: torch.Tensor, logprobs: torch.Tensor, batch: TokenBatch, coef: float, metrics: dict[str, float]
+    loss: torch.Tensor,
+    logprobs: torch.Tensor,
+    batch: TokenBatch,
+    coef: float,
+    metrics: dict[str, float],
+    estimator: str = "k2",
 ) -> torch.Tensor:
-    """`loss` plus β · mean k2 to the reference where the batch has reference logprobs and β > 0;
-    k3 is reported (`kl_k3`) whenever they are there, so KL is a health metric even when off."""
+    """`loss` plus β · mean `estimator` to the reference where the batch has reference logprobs and
+    β > 0; k3 is reported (`kl_k3`) whenever they are there, so KL is a health metric even when off."""
     if batch.reference_logprobs is None:
         return loss
     metrics["kl_k3"] = float(masked_mean(k3(logprobs.detach(), batch.reference_logprobs), batch.mask))
     if coef > 0:
-        loss = loss + coef * masked_mean(k2(logprobs, batch.reference_logprobs), batch.mask)
+        loss = loss + coef * masked_mean(
+            ESTIMATORS[estimator](logprobs, batch.reference_logprobs), batch.mask
+        )
     return loss

@@ -34,10 +34,11 @@ class PPOClip:
         clip_high: float = 0.28,
         correction: Correction | None = None,
         kl_coef: float = 0.0,
+        kl_estimator: str = "k2",
     ) -> None:
         self.clip_low, self.clip_high = clip_low, clip_high
         self.correction = correction or TruncatedIS(2.0)
-        self.kl_coef = kl_coef
+        self.kl_coef, self.kl_estimator = kl_coef, kl_estimator
 
     def __call__(self, logprobs: torch.Tensor, batch: TokenBatch) -> LossOutput:
         mask = batch.mask
@@ -65,6 +66,6 @@ class PPOClip:
             "mismatch_k3": float(masked_mean(k3(proximal, behaviour), mask)),
             "tokens": float(mask.sum()),
         }
-        loss = kl_penalty(loss, logprobs, batch, self.kl_coef, metrics)
+        loss = kl_penalty(loss, logprobs, batch, self.kl_coef, metrics, self.kl_estimator)
         metrics["loss"] = float(loss.detach())
         return LossOutput(loss, metrics)

@@ -26,9 +26,11 @@ class Reinforce:
 
     name = "reinforce"
 
-    def __init__(self, correction: Correction | None = None, kl_coef: float = 0.0) -> None:
+    def __init__(
+        self, correction: Correction | None = None, kl_coef: float = 0.0, kl_estimator: str = "k2"
+    ) -> None:
         self.correction = correction or TruncatedIS(2.0)
-        self.kl_coef = kl_coef
+        self.kl_coef, self.kl_estimator = kl_coef, kl_estimator
 
     def __call__(self, logprobs: torch.Tensor, batch: TokenBatch) -> LossOutput:
         mask = batch.mask
@@ -44,6 +46,6 @@ class Reinforce:
             "mismatch_k3": float(masked_mean(k3(logprobs.detach(), behaviour), mask)),
             "tokens": float(mask.sum()),
         }
-        loss = kl_penalty(loss, logprobs, batch, self.kl_coef, metrics)
+        loss = kl_penalty(loss, logprobs, batch, self.kl_coef, metrics, self.kl_estimator)
         metrics["loss"] = float(loss.detach())
         return LossOutput(loss, metrics)

@@ -59,13 +59,24 @@ def correction_of(learning: LearningSpec) -> Correction:
 
 def _ppo(kind: type[PPOClip]) -> Callable[[LearningSpec], Loss]:
     def build(learning: LearningSpec) -> Loss:
-        return kind(learning.clip_low, learning.clip_high, correction_of(learning), learning.kl.coef)
+        return kind(
+            learning.clip_low,
+            learning.clip_high,
+            correction_of(learning),
+            learning.kl.coef,
+            _estimator(learning),
+        )
 
     return build
 
 
+def _estimator(learning: LearningSpec) -> str:
+    # "off" comes with coef 0 (the spec refuses anything else), where no estimator is computed.
+    return "k2" if learning.kl.estimator == "off" else learning.kl.estimator
+
+
 def _reinforce(learning: LearningSpec) -> Loss:
-    return Reinforce(correction_of(learning), learning.kl.coef)
+    return Reinforce(correction_of(learning), learning.kl.coef, _estimator(learning))
 
 
 # Each objective `learning.loss` names, by the name the loss itself carries (checked below).

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from reprorl.algos import TokenBatch
+from reprorl.algos import Reinforce, TokenBatch
 from reprorl.algos.dr_grpo import DrGRPOAdvantage
 from reprorl.algos.grpo import GRPOAdvantage
 from reprorl.algos.importance import MaskedIS, NoCorrection, TruncatedIS
@@ -97,3 +97,23 @@ def test_ppo_weights_tokens_by_truncated_is_and_adds_kl() -> None:
     assert out.metrics["is_weight_max"] == pytest.approx(2.0)
     assert out.metrics["kl_k3"] == pytest.approx((0.5 - 1 + math.log(2)) / 2)
     assert out.metrics["mismatch_k3"] > 0
+
+
+@pytest.mark.parametrize(
+    ("estimator", "per_token0"),
+    [("k1", math.log(2)), ("k2", 0.5 * math.log(2) ** 2), ("k3", 0.5 - 1 + math.log(2))],
+)
+def test_the_kl_penalty_is_the_estimator_the_spec_names(estimator: str, per_token0: float) -> None:
+    logprobs = torch.log(torch.tensor([[0.6, 0.5]]))  # token 0: log(π/ref) = log 2; token 1: 0
+    batch = TokenBatch(
+        mask=torch.ones(1, 2),
+        behaviour_logprobs=logprobs,
+        advantages=torch.tensor([0.0]),  # no policy-gradient term: the loss is the penalty alone
+        proximal_logprobs=logprobs,
+        reference_logprobs=torch.log(torch.tensor([[0.3, 0.5]])),
+    )
+    for loss in (
+        PPOClip(correction=TruncatedIS(2.0), kl_coef=0.5, kl_estimator=estimator),
+        Reinforce(TruncatedIS(2.0), kl_coef=0.5, kl_estimator=estimator),
+    ):
+        assert float(loss(logprobs, batch).loss) == pytest.approx(0.5 * per_token0 / 2)

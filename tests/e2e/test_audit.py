@@ -1,4 +1,4 @@
-"""`reprorl audit` on a tiny-model run: 9/9 PASS, and each answer turns FAIL when the record proving it goes.
+"""`reprorl audit` on a tiny-model run: 10/10 PASS, and each answer turns FAIL when its proving record goes.
 
 One training run serves every case: each case works on a copy of the store's home, removes or alters
 one record there (with the store's own writers where the record is checksummed, so only the intended
@@ -61,6 +61,7 @@ ALL = {
     "eval_stability",
     "cost",
     "recreate",
+    "effective_config",
 }
 CLEAN_CODE = {"root": "/src/project", "commit": "0123456789abcdef" * 2 + "01234567", "dirty": False}
 
@@ -153,10 +154,10 @@ def largest_file_of(home: Path, tree: str) -> Path:
 # -- the baseline --------------------------------------------------------------------------------
 
 
-def test_a_recorded_run_passes_all_nine_questions_each_with_evidence(trained: Path) -> None:
+def test_a_recorded_run_passes_all_ten_questions_each_with_evidence(trained: Path) -> None:
     report = audit(trained)
     assert report.passed, report.to_json()
-    assert [a.number for a in report.answers] == list(range(1, 10))
+    assert [a.number for a in report.answers] == list(range(1, 11))
     assert {a.key for a in report.answers} == ALL
     assert all(a.evidence and not a.missing for a in report.answers)
     text = {a.key: "\n".join(a.evidence) for a in report.answers}
@@ -174,12 +175,12 @@ def test_a_recorded_run_passes_all_nine_questions_each_with_evidence(trained: Pa
 def test_the_cli_prints_the_table_and_exits_0_or_1(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cli = Cli(home, capsys)
     code, out, _ = cli("audit", run_dir(home).name[:12])
-    assert code == 0 and out.count("│ PASS ") == 9 and "9/9 PASS" in out
+    assert code == 0 and out.count("│ PASS ") == 10 and "10/10 PASS" in out
     payload = cli.ok_json("audit", run_dir(home).name)
-    assert payload["passed"] and [a["status"] for a in payload["answers"]] == ["PASS"] * 9
+    assert payload["passed"] and [a["status"] for a in payload["answers"]] == ["PASS"] * 10
     shutil.rmtree(run_dir(home) / "rollouts")
     code, out, _ = cli("audit", run_dir(home).name)
-    assert code == 1 and "FAIL" in out and "6/9 PASS; FAIL: 2, 3, 4" in out
+    assert code == 1 and "FAIL" in out and "7/10 PASS; FAIL: 2, 3, 4" in out
     code, out, _ = cli("audit", run_dir(home).name, "--json")
     assert code == 1 and not json.loads(out)["passed"]
     assert cli.error("audit", "no-such-run") == f"error: no run matches 'no-such-run' under {home / 'runs'}"
@@ -403,3 +404,32 @@ def test_a_second_run_that_makes_the_same_bytes_registers_its_own_version_and_bo
             assert report.passed, (run_id, [a.to_json() for a in report.failed])
     finally:
         store.close()
+
+
+def test_a_record_edited_to_claim_another_loss_fails_the_effective_config_question_naming_the_field(
+    home: Path,
+) -> None:
+    path = run_dir(home) / "effective.json"
+    document = json.loads(path.read_text())
+    assert document["fields"]["learning.loss"] == "ppo_clip"
+    document["fields"]["learning.loss"] = "reinforce"
+    path.write_text(json.dumps(document))
+    (answer,) = [a for a in audit(home).failed if a.key == "effective_config"]
+    assert any(line.startswith("learning.loss: spec.json says 'ppo_clip'") for line in answer.missing)
+    assert any("changed after the run wrote it" in line for line in answer.missing)
+
+
+def test_a_spec_resealed_to_claim_another_loss_disagrees_with_what_the_trainer_used(home: Path) -> None:
+    folder = run_dir(home)
+    spec = json.loads((folder / "spec.json").read_text())
+    spec["learning"]["loss"] = "reinforce"
+    (folder / "spec.json").write_text(json.dumps(spec, indent=2, sort_keys=True) + "\n")
+    sums = json.loads((folder / "checksums.json").read_text())
+    sums["spec.json"] = sha256_hex((folder / "spec.json").read_bytes())
+    (folder / "checksums.json").write_text(json.dumps(sums))
+    failed = {a.key: a for a in audit(home).failed}
+    assert "effective_config" in failed
+    lines = failed["effective_config"].missing
+    assert lines == [
+        "learning.loss: spec.json says 'reinforce', the component that uses it reported 'ppo_clip'"
+    ]

@@ -1,4 +1,4 @@
-"""The reproducibility audit: the nine questions a team asks before scaling a run, answered from its records.
+"""The reproducibility audit: the questions a team asks before scaling a run, answered from its records.
 
 `audit_run(store, run_id)` reads the run's folder (`run.json`, `spec.json`, `checksums.json`,
 `status.json`, `metrics.jsonl`, `events.jsonl`, `rollouts/`, `sft-adapter/`), the blob store and the
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from reprorl.audit import checks, checks_run
+from reprorl.audit import checks, checks_run, effective_check
 from reprorl.audit.facts import Finding, RunFacts
 from reprorl.store import RunRecord, Store
 
@@ -28,7 +28,7 @@ class Question:
     check: Callable[[RunFacts], Finding]
 
 
-# The checklist of the guide in ../shared/seeds, in its order and words.
+# The checklist of the guide in ../shared/seeds, in its order and words, then the question no peer asks.
 QUESTIONS = (
     Question(
         1, "base_model", "Is the exact base model and starting weight version recorded?", checks.base_model
@@ -67,6 +67,7 @@ QUESTIONS = (
     Question(
         9, "recreate", "Can another engineer recreate the run without asking its author?", checks_run.recreate
     ),
+    Question(10, "effective_config", "Did every spec field take effect?", effective_check.effective),
 )
 
 
@@ -133,7 +134,7 @@ class AuditReport:
 
 
 def audit_run(store: Store, run_id: str) -> AuditReport:
-    """Answer the nine questions for `run_id` from its stored records (raises if the run is unknown)."""
+    """Answer the ten questions for `run_id` from its stored records (raises if the run is unknown)."""
     record = RunRecord(store, run_id)
     facts = RunFacts.load(store, record)
     answers = []

@@ -22,7 +22,7 @@ def audit(
     run: str = typer.Argument(..., help="The run (id or unique prefix)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Answer the nine questions to ask before scaling RUN: PASS with the record that proves it, or FAIL."""
+    """Answer the ten questions to ask before scaling RUN: PASS with the record that proves it, or FAIL."""
     from reprorl.audit.audit import audit_run
 
     store = options(ctx).store()

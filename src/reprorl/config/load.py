@@ -177,7 +177,10 @@ def validate_spec(data: dict[str, Any]) -> RunSpec:
 
 # Fields removed from the spec whose value in records of older versions (their default) never had
 # an effect: such records still load. Any other value is refused, as an unknown key.
-REMOVED_DEFAULTS: dict[tuple[str, str], Any] = {("data", "envs"): []}
+REMOVED_DEFAULTS: dict[tuple[str, str], Any] = {
+    ("data", "envs"): [],
+    ("evaluation", "metrics"): ["success", "invalid_tool_calls", "extra_steps", "tokens"],
+}
 
 
 def stored_spec(doc: dict[str, Any]) -> RunSpec:

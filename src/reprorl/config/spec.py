@@ -323,11 +323,6 @@ class EvaluationSpec(SpecModel):
     )
     every_steps: int = Field(default=10, ge=1, description="Evaluate every N training steps.")
     samples_per_task: int = Field(default=1, ge=1, description="Samples per eval task (pass@k).")
-    metrics: tuple[str, ...] = Field(
-        default=("success", "invalid_tool_calls", "extra_steps", "tokens"),
-        min_length=1,
-        description="Metrics reported for every suite.",
-    )
     thresholds: dict[str, float] = Field(
         default_factory=dict, description="Acceptance thresholds, metric name to minimum."
     )

@@ -37,6 +37,7 @@ from reprorl.orchestrate.buffers import (
     version_tensors,
 )
 from reprorl.orchestrate.checkpoint import Checkpoint
+from reprorl.orchestrate.effective import effective_config, write_effective
 from reprorl.orchestrate.loop import TrainLoop
 from reprorl.orchestrate.pipeline import Batch, Producer, SampleQueue
 from reprorl.orchestrate.policies import OpenedPolicy
@@ -159,6 +160,7 @@ class AsyncTrainLoop(TrainLoop):
             async with runner_for(
                 self.opened, self.spec, self.record.run_id, self.store.root, barrier=self.barrier
             ) as runner:
+                write_effective(self.record, effective_config(self, runner))
                 batches = await self._batches(runner)
                 sampling = asyncio.create_task(self.produce(batches, start))
                 try:

@@ -35,6 +35,7 @@ from reprorl.orchestrate.checkpoint import (
     good_checkpoint,
     save_checkpoint,
 )
+from reprorl.orchestrate.effective import effective_config, write_effective
 from reprorl.orchestrate.guarding import LoopGuard
 from reprorl.orchestrate.integrity import CONTRADICTED
 from reprorl.orchestrate.kept_versions import VersionKeeper
@@ -115,7 +116,9 @@ def build_trainer(store: Store, loaded: LoadedModel, spec: RunSpec) -> LocalTrai
             base_hash=loaded.base_hash,
         )
     # A PeftModel stands in for the transformers model it wraps.
-    return LocalTrainer(model, loaded.tokenizer, base_hash=loaded.base_hash, autocast_bf16=True)  # type: ignore[arg-type]
+    trainer = LocalTrainer(model, loaded.tokenizer, base_hash=loaded.base_hash, autocast_bf16=True)  # type: ignore[arg-type]
+    trainer.init_adapter = store.resolve(ref).hash
+    return trainer
 
 
 class TrainLoop:
@@ -133,7 +136,9 @@ class TrainLoop:
         self.store, self.spec, self.record, self.loaded = store, spec, record, loaded
         self.trainer, self.ewma = trainer, ewma
         self.learning = spec.learning
-        self.tasks = load_taskset(store, str(spec.data.train)).split(Split.TRAIN)
+        taskset = load_taskset(store, str(spec.data.train))
+        self.train_version = taskset.version  # the content hash of the tasks the loop draws from
+        self.tasks = taskset.split(Split.TRAIN)
         if not self.tasks:
             raise ValueError(f"data.train: {spec.data.train} has no train-split tasks")
         self.suites = eval_suites(store, spec)
@@ -386,6 +391,7 @@ class TrainLoop:
             async with runner_for(
                 self.opened, self.spec, self.record.run_id, self.store.root, barrier=self.barrier
             ) as runner:
+                write_effective(self.record, effective_config(self, runner))
                 self.budget = BudgetMeter.of_record(self.spec.budget, self.record)
                 for step in range(start, learning.steps + 1):
                     if self.budget_stop(step):

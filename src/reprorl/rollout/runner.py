@@ -226,6 +226,13 @@ class RolloutRunner:
         self._verifiers: VerifierRunner | None = None
         self.policy_for: PolicyFactory | None = None
 
+    @property
+    def verifiers(self) -> VerifierRunner:
+        """The verifier pool of the open runner (its time limit is the one verifier calls get)."""
+        if self._verifiers is None:
+            raise RuntimeError("the runner is not open")
+        return self._verifiers
+
     async def __aenter__(self) -> Self:
         modules = sorted({m for f in self.families.values() for m in f.tool_modules})
         async with AsyncExitStack() as stack:

@@ -82,6 +82,7 @@ class LocalTrainer:
         self.pad_id = pad if isinstance(pad, int) else 0
         self.optimizer: torch.optim.AdamW | None = None
         self.reference: PreTrainedModel | None = None
+        self.init_adapter: str | None = None  # hash of the adapter training continued from, if any
         self.step = 0
 
     @classmethod

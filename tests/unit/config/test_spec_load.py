@@ -196,10 +196,11 @@ def test_adapter_kind_defaults_to_lora_and_a_bom_is_accepted(tmp_path: Path) -> 
         load_spec(path, ["model.adapter.kind=qlora"])
 
 
-def test_a_record_written_before_data_envs_was_removed_still_loads(tmp_path: Path) -> None:
+def test_a_record_written_before_fields_without_effect_were_removed_still_loads(tmp_path: Path) -> None:
     spec = load_spec(write(tmp_path, SPEC))
     old = spec.model_dump(mode="json")
     old["data"]["envs"] = []  # what every record of an older version holds: the default, no effect
+    old["evaluation"]["metrics"] = ["success", "invalid_tool_calls", "extra_steps", "tokens"]
     assert stored_spec(old) == spec
     with pytest.raises(SpecError) as caught:
         validate_spec(old)  # a spec a person writes today: the key is unknown

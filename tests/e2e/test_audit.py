@@ -430,6 +430,6 @@ def test_a_spec_resealed_to_claim_another_loss_disagrees_with_what_the_trainer_u
     failed = {a.key: a for a in audit(home).failed}
     assert "effective_config" in failed
     lines = failed["effective_config"].missing
-    assert lines == [
+    assert list(lines) == [
         "learning.loss: spec.json says 'reinforce', the component that uses it reported 'ppo_clip'"
     ]

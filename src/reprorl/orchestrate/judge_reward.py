@@ -9,12 +9,14 @@ store, so replaying a judged rollout asks nothing and gets the same score.
 from __future__ import annotations
 
 import asyncio
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from reprorl.config import RunSpec
-from reprorl.config.judge import JudgeReward, judge_id
+from reprorl.config.judge import JudgeConfig, JudgeReward, judge_id
+from reprorl.errors import UserInputError
 from reprorl.evaluation.judge import Judge
 from reprorl.orchestrate.judge_audit import require_robust_judge
 from reprorl.rollout.judging import Judgement
@@ -35,6 +37,11 @@ class RunJudge:
         self._judge = Judge(config, cache_dir)
         self._threads = ThreadPoolExecutor(config.max_concurrency, thread_name_prefix="reprorl-judge")
         self.judge_id = self._judge.judge_id
+
+    @property
+    def config(self) -> JudgeConfig:
+        """The settings the judge's client was built with (what its requests use)."""
+        return self._judge.config
 
     async def judge(self, task: Task, trajectory: Trajectory) -> Judgement:
         loop = asyncio.get_running_loop()
@@ -61,6 +68,12 @@ def check_judge(store: Store, spec: RunSpec) -> dict[str, Any] | None:
     config = spec.data.judge
     if config is None:
         return None
+    if config.api_key_env is not None and not os.environ.get(config.api_key_env):
+        raise UserInputError(
+            f"environment variable {config.api_key_env} (the judge's API key) is not set; set it, or "
+            "remove data.judge.api_key_env for a server that needs no key",
+            field="data.judge.api_key_env",
+        )
     return require_robust_judge(
         store, judge_id(config), override=config.override, override_hint="data.judge.override = '<reason>'"
     )

@@ -132,3 +132,33 @@ def test_an_async_runs_rollouts_replay_from_the_version_that_sampled_them(
     assert len({rollouts.get(t).policy_version for t in targets}) >= 2
     reports = cli.ok_json("replay", *targets, "--mode", "recorded")
     assert [r["identical"] for r in reports] == [True, True, True], reports
+
+
+def test_a_full_fine_tuning_run_replays_its_checkpointed_versions_and_names_the_others(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tiny_training_store(tmp_path)
+    spec = SPEC.replace(
+        'adapter = { kind = "lora", rank = 4, alpha = 8.0, targets = ["q_proj", "v_proj"] }', ""
+    )
+    spec = spec.replace("steps = 20", "steps = 4").replace("checkpoint_every = 5", "checkpoint_every = 1")
+    spec = spec.replace("group_size = 2", "group_size = 4")
+    (tmp_path / "spec.toml").write_text(spec.replace("[model]", '[model]\nadapter = { kind = "full" }'))
+    home = tmp_path / "home"
+    cli = Cli(home, capsys)
+    code, _, err = cli("run", str(tmp_path / "spec.toml"), "learning.sft_steps=0")
+    assert code == 0, err
+    (run_id,) = run_ids(home)
+    record = RunRecord(Store(home), run_id)
+    kept = read_log(record.path / VERSIONS_FILE).records
+    assert kept and all(k["tensors"] is None and "checkpoints" in k["why"] for k in kept)
+    checkpointed = sorted(p.name for p in (record.path / "checkpoints").iterdir())
+    assert checkpointed == ["step-000002", "step-000003"]  # keep_checkpoints = 2 pruned the rest
+    held = _ids(home, run_id, "step = 3 AND split = 'train'")[0]
+    assert cli.ok_json("replay", held, "--mode", "recorded")["identical"]
+    gone = _ids(home, run_id, "step = 0 AND split = 'train'")[0]
+    rollouts = RolloutStore(record)
+    assert rollouts.get(gone).policy_version != rollouts.get(held).policy_version  # the weights moved
+    error = cli.error("replay", gone, "--mode", "recorded")
+    assert "full fine-tuning keeps every weight only in its checkpoints" in error, error
+    assert "step-000002" in error, error  # and it names the checkpoints that are kept

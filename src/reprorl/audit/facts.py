@@ -95,6 +95,7 @@ class RunFacts:
     rollouts: list[dict[str, Any]] | None
     rollouts_error: str | None
     rollout_parts: int = 0
+    unkept_versions: set[str] = field(default_factory=set)  # policy versions the run never kept
     _tasksets: dict[str, TaskSet] = field(default_factory=dict, repr=False)
 
     @classmethod

@@ -14,7 +14,7 @@ from typing import Any
 
 from reprorl.audit.facts import Finding, RunFacts, short
 from reprorl.errors import ReprorlError
-from reprorl.orchestrate.kept_versions import VERSIONS_FILE, kept_tensors
+from reprorl.orchestrate.kept_versions import FULL_WHY, VERSIONS_FILE, GoneError, kept_tensors
 from reprorl.orchestrate.replay import Replayer
 from reprorl.orchestrate.replay_policy import TRAINED_KINDS
 
@@ -50,14 +50,28 @@ def versions_load(f: RunFacts, rows: list[Row], out: Finding) -> None:
     """Every trained version the rollouts name is kept, loads, and hashes to its name."""
     versions = sorted({str(r["policy_version"]) for r in rows if r.get("adapter_version") is None})
     trained = [v for v in versions if v.partition(":")[0] in TRAINED_KINDS]
-    broken = 0
+    broken, unkept = 0, []
     for version in trained:
         try:
             kept_tensors(f.record, version)
+        except GoneError as exc:
+            if exc.by_design:
+                unkept.append(version)
+                continue
+            broken += 1
+            if broken <= 3:
+                out.fail(f"policy version {short(version.partition(':')[2])} cannot be opened: {exc}")
         except ReprorlError as exc:
             broken += 1
             if broken <= 3:
                 out.fail(f"policy version {short(version.partition(':')[2])} cannot be opened: {exc}")
+    if unkept:
+        out.note(
+            f"{len(unkept)} of {len(trained)} policy versions were never kept ({FULL_WHY}): "
+            "their rollouts cannot be replayed"
+        )
+    trained = [v for v in trained if v not in unkept]
+    f.unkept_versions = set(unkept)
     if trained and not broken:
         out.ok(
             f"{VERSIONS_FILE}: all {len(trained)} policy versions the rollouts name load and match their hash"
@@ -73,6 +87,10 @@ def replay_sample(f: RunFacts, out: Finding, seed: int) -> None:
         out.fail("no rollout sampled by a model to replay")
         return
     versions_load(f, rows, out)
+    rows = [r for r in rows if r["policy_version"] not in f.unkept_versions]
+    if not rows:
+        out.note("no rollout was sampled from weights the run kept, so none is replayed")
+        return
     chosen = draw(rows, seed)
     replayer = Replayer(f.store)
 

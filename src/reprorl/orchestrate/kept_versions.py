@@ -4,7 +4,8 @@ A rollout records the `policy_version` of each turn (`adapter:<sha256>` of the t
 run keeps those tensors in the store's content-addressed blobs (safetensors bytes, so identical
 versions are stored once) and maps each version to its blob in `runs/<id>/versions.jsonl`, one
 checksummed line per version. A LoRA adapter's tensors are small; full fine-tuning keeps no version
-per step (every weight, each time), and says so in the same file.
+per step (every weight, each time) and says so in the same file: its versions that a checkpoint
+holds (`checkpoints/step-N/`, as many as `learning.keep_checkpoints` keeps) load from there.
 """
 
 from __future__ import annotations
@@ -13,20 +14,32 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load as load_tensors
+from safetensors.torch import load_file
 from safetensors.torch import save as save_tensors
 
 from reprorl.errors import ArtifactNotFoundError, IntegrityError, RecordError
+from reprorl.orchestrate.checkpoint import STEP_PREFIX, checkpoints_root, verify_checkpoint
 from reprorl.policy import tensors_hash
 from reprorl.store import RunRecord, read_log
 from reprorl.store.atomic import append_durable
 from reprorl.store.runs import checksummed_line
+from reprorl.trainer.local import STATE_WEIGHTS
 
 VERSIONS_FILE = "versions.jsonl"
 KINDS_KEPT = ("adapter",)
 
 
+FULL_WHY = "full fine-tuning keeps every weight only in its checkpoints"
+
+
 class GoneError(RecordError):
-    """A version's tensors are not in this store (never kept, or their blob was removed)."""
+    """A version's tensors are not in this store (never kept, or their blob was removed).
+
+    `by_design`: the run never meant to keep them (full fine-tuning, no checkpoint of the version)."""
+
+    def __init__(self, message: str, *, by_design: bool = False) -> None:
+        super().__init__(message)
+        self.by_design = by_design
 
 
 def _lines(record: RunRecord) -> dict[str, dict[str, object]]:
@@ -56,7 +69,7 @@ class VersionKeeper:
             data = save_tensors(dict(sorted(plain.items())))
             line |= {"tensors": self.record.store.blobs.put_bytes(data), "bytes": len(data)}
         else:
-            line |= {"tensors": None, "why": "full fine-tuning keeps no weights per step"}
+            line |= {"tensors": None, "why": FULL_WHY}
         append_durable(self.path, checksummed_line(line))
         self._kept.add(version)
 
@@ -67,15 +80,14 @@ def kept_tensors(record: RunRecord, version: str) -> dict[str, torch.Tensor]:
     if line is None:
         raise GoneError(f"run {record.run_id} kept no weights for {version} ({VERSIONS_FILE} has no entry)")
     address = line.get("tensors")
-    if not isinstance(address, str):
-        raise GoneError(
-            f"run {record.run_id} kept no weights for {version}: {line.get('why', 'none stored')}"
-        )
-    try:
-        data = record.store.blobs.get_bytes(address, label=version)
-    except ArtifactNotFoundError as exc:
-        raise GoneError(f"the weights of {version} ({address}) are no longer in this store") from exc
-    tensors = load_tensors(data)
+    if isinstance(address, str):
+        try:
+            data = record.store.blobs.get_bytes(address, label=version)
+        except ArtifactNotFoundError as exc:
+            raise GoneError(f"the weights of {version} ({address}) are no longer in this store") from exc
+        tensors = load_tensors(data)
+    else:
+        tensors = _checkpointed(record, version, str(line.get("why", "none stored")))
     actual = f"{version.partition(':')[0]}:{tensors_hash(tensors)}"
     if actual != version:
         raise IntegrityError(
@@ -85,3 +97,22 @@ def kept_tensors(record: RunRecord, version: str) -> dict[str, torch.Tensor]:
             actual=actual,
         )
     return tensors
+
+
+def _checkpointed(record: RunRecord, version: str, why: str) -> dict[str, torch.Tensor]:
+    """The trained tensors of `version` from the run's checkpoint that holds it."""
+    root = checkpoints_root(record)
+    folders = sorted(root.glob(f"{STEP_PREFIX}*")) if root.is_dir() else []
+    for folder in folders:
+        try:
+            state = verify_checkpoint(folder)
+        except RecordError:
+            continue
+        if state.policy_version == version:
+            saved = load_file(str(folder / STATE_WEIGHTS))
+            return {k.removeprefix("param/"): t for k, t in saved.items() if k.startswith("param/")}
+    kept = ", ".join(f.name for f in folders) or "none"
+    raise GoneError(
+        f"run {record.run_id} kept no weights for {version}: {why}, and none holds it (kept: {kept})",
+        by_design=True,
+    )

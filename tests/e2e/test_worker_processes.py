@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from cli_support import run_ids, tiny_training_store
 
 from reprorl.store import RunRecord, Store
@@ -148,3 +149,47 @@ def test_a_run_killed_with_sigkill_leaves_no_worker_or_sandbox_process(tmp_path:
     left = sorted(pid for pid in children if _alive(pid))
     assert not left, [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in left]
     print(f"{len(children)} processes of the killed run; {len(left)} left after SIGKILL")
+
+
+RAY_SPEC = SPEC.replace("steps = 1\n", 'steps = 200\nmode = "async"\nrollout_workers = 2\n')
+
+
+def test_a_run_on_its_own_ray_cluster_killed_with_sigkill_leaves_no_ray_process(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    tiny_training_store(tmp_path)
+    (tmp_path / "spec.toml").write_text(RAY_SPEC.replace("max_unscored_share = 0.0\n", ""))
+    home = tmp_path / "home"
+    cli = "from reprorl.cli.main import entry; entry()"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            cli,
+            "--home",
+            str(home),
+            "run",
+            str(tmp_path / "spec.toml"),
+            "--ray",
+            "local",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 300
+    while not any(b"rollout_workers" in p.read_bytes() for p in home.glob("runs/2*/events.jsonl")):
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    time.sleep(2)  # the reaper has listed the cluster's processes
+    children = _descendants(proc.pid)
+    commands = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in children if _alive(pid)]
+    assert any(b"ray::" in c or b"raylet" in c for c in commands), commands
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = sorted(pid for pid in children if _alive(pid))
+    assert not left, [Path(f"/proc/{pid}/cmdline").read_bytes()[:80] for pid in left]
+    print(f"{len(children)} processes of the killed Ray run; {len(left)} left after SIGKILL")

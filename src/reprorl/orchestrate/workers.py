@@ -29,6 +29,7 @@ from reprorl.config import RunSpec, validate_spec
 from reprorl.errors import UserInputError
 from reprorl.orchestrate.loop import build_trainer
 from reprorl.orchestrate.policies import OpenedPolicy, load_run_base
+from reprorl.orchestrate.ray_reaper import start_reaper
 from reprorl.orchestrate.sample import runner_for
 from reprorl.orchestrate.versions import PolicyVersion, PolicyVersions
 from reprorl.policy.chat import ChatRenderer
@@ -269,6 +270,7 @@ def connect_ray(address: str, workers: int) -> Any:
                 log_to_driver=False,
                 namespace="reprorl",
             )
+            start_reaper()  # the cluster is this run's: its processes die with it
         else:
             ray.init(address=address, namespace="reprorl", log_to_driver=False)
     return ray

@@ -14,14 +14,12 @@ import statistics
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from reprorl.config.spec import RollbackRule
 from reprorl.errors import UserInputError
+from reprorl.evaluation.guard_facts import GuardPoint, GuardRecord, Observation
 from reprorl.evaluation.stats import t_quantile
-
-if TYPE_CHECKING:
-    from reprorl.evaluation.guards import GuardPoint, GuardRecord, Observation
 
 # A drop of exactly the threshold, computed in floating point (0.8 - 0.7), must not fire.
 EPS = 1e-9

@@ -23,9 +23,9 @@ from reprorl.config.load import stored_spec
 from reprorl.errors import UserInputError
 from reprorl.evaluation.point import EvalPoint, evaluate
 from reprorl.orchestrate.checkpoint import GOOD_PREFIX, STEP_PREFIX, checkpoints_root, verify_checkpoint
-from reprorl.orchestrate.loop import Suite, build_trainer, suite_of
 from reprorl.orchestrate.policies import OpenedPolicy, load_run_base
 from reprorl.orchestrate.sample import runner_for
+from reprorl.orchestrate.setup import Suite, build_trainer, suite_of
 from reprorl.orchestrate.versions import trained_version
 from reprorl.policy import LoadedModel
 from reprorl.policy.chat import ChatRenderer

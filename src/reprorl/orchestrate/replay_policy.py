@@ -17,8 +17,8 @@ import torch
 from reprorl.config import RunSpec
 from reprorl.errors import RecordError, UserInputError
 from reprorl.orchestrate.kept_versions import kept_tensors
-from reprorl.orchestrate.loop import build_trainer
 from reprorl.orchestrate.policies import DTYPES, OpenedPolicy, chat_template_text, load_run_base, open_policy
+from reprorl.orchestrate.setup import build_trainer
 from reprorl.policy.chat import ChatRenderer
 from reprorl.policy.sampling import LocalSampler
 from reprorl.rollout.episode import Provenance

@@ -255,11 +255,19 @@ class Screener:
             elif todo:
                 from reprorl.orchestrate.screen_ray import screen_on_ray
 
-                async for index, screened in screen_on_ray(self, todo, ray or "local", workers):
+                async for index, screened in screen_on_ray(
+                    self, todo, ray or "local", workers, worker_screener
+                ):
                     done[index] = list(screened)
                     self.record_chunk(index, screened)
                     progress.advance(bar, len(self.chunks[index]))
         return [s for i in sorted(done) for s in done[i]]
+
+
+def worker_screener(store: Store, spec: ScreenSpec, record: RunRecord) -> Screener:
+    """The screener a Ray screen worker runs: the driver's, rebuilt in the worker's process."""
+    _, tasks = screen_tasks(store, spec)
+    return Screener(store, spec, record, tasks, FAMILIES, None)
 
 
 def screen_tasks(store: Store, spec: ScreenSpec) -> tuple[TaskSet, list[Task]]:

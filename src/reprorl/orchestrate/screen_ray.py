@@ -15,35 +15,45 @@ import contextlib
 import os
 import socket
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from reprorl.config.screen import ScreenSpec
 from reprorl.evaluation.screening import TaskScreen
 from reprorl.orchestrate.workers import WORKER_START_S, connect_ray
-from reprorl.rollout.families import FAMILIES
 from reprorl.store import RunRecord, Store
 
-if TYPE_CHECKING:
-    from reprorl.orchestrate.screen import Screener
+# A screener as a worker needs it, built in the actor's process by the function the driver passes
+# (by reference: the actor imports the screening module itself, so this one never imports it).
+BuildScreener = Callable[[Store, ScreenSpec, RunRecord], Any]
+
+
+class Screener(Protocol):
+    """What the driver side reads of the screener it farms chunks out for."""
+
+    store: Store
+    spec: ScreenSpec
+    record: RunRecord
 
 
 class ScreenWorker:
     """One Ray actor's screener and open runner; screens the chunks it is given."""
 
     def __init__(
-        self, home: str, db_url: str | None, spec: dict[str, Any], run_id: str, threads: int
+        self,
+        home: str,
+        db_url: str | None,
+        spec: dict[str, Any],
+        run_id: str,
+        threads: int,
+        build: BuildScreener,
     ) -> None:
         torch.set_num_threads(threads)  # the driver's split of the work, so results match it
-        from reprorl.orchestrate.screen import Screener, screen_tasks
-
         store = Store(Path(home), db_url)
-        screen = ScreenSpec.model_validate(spec)
-        _, tasks = screen_tasks(store, screen)
-        self.screener = Screener(store, screen, RunRecord(store, run_id), tasks, FAMILIES, None)
+        self.screener = build(store, ScreenSpec.model_validate(spec), RunRecord(store, run_id))
         self._opened: Any = None
         self.runner: Any = None
 
@@ -63,7 +73,7 @@ class ScreenWorker:
 
 
 async def screen_on_ray(
-    screener: Screener, todo: Sequence[int], address: str, workers: int
+    screener: Screener, todo: Sequence[int], address: str, workers: int, build: BuildScreener
 ) -> AsyncIterator[tuple[int, list[TaskScreen]]]:
     """Yield (chunk, verdicts) as `workers` actors on the cluster at `address` finish chunks of `todo`."""
     ray = connect_ray(address, workers)
@@ -77,6 +87,7 @@ async def screen_on_ray(
             screener.spec.model_dump(mode="json"),
             record.run_id,
             torch.get_num_threads(),
+            build,
         )
         for name in names
     }

@@ -19,10 +19,11 @@ from reprorl.orchestrate.async_train import AsyncTrainLoop
 from reprorl.orchestrate.checkpoint import latest_checkpoint, rewind
 from reprorl.orchestrate.judge_reward import check_judge, record_judge
 from reprorl.orchestrate.launch import create_run
-from reprorl.orchestrate.loop import TrainLoop, build_trainer
+from reprorl.orchestrate.loop import TrainLoop
 from reprorl.orchestrate.policies import chat_template_text, load_run_base
 from reprorl.orchestrate.preflight import check_run_leakage, record_leakage
 from reprorl.orchestrate.schedule_replay import RecordedSchedule
+from reprorl.orchestrate.setup import build_trainer
 from reprorl.store import RunRecord, Store
 from reprorl.trainer import EWMAWeights, LocalTrainer
 

@@ -27,10 +27,10 @@ import torch
 
 from reprorl.config import RunSpec, validate_spec
 from reprorl.errors import UserInputError
-from reprorl.orchestrate.loop import build_trainer
 from reprorl.orchestrate.policies import OpenedPolicy, load_run_base
 from reprorl.orchestrate.ray_reaper import start_reaper
 from reprorl.orchestrate.sample import runner_for
+from reprorl.orchestrate.setup import build_trainer
 from reprorl.orchestrate.versions import PolicyVersion, PolicyVersions
 from reprorl.policy.chat import ChatRenderer
 from reprorl.rollout.runner import RolloutJob, RolloutResult, RolloutRunner

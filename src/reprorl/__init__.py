@@ -1,6 +1,9 @@
 """reprorl: reinforcement learning for tool-using LLM agents, traceable to the conditions of every result.
 
-The public API is re-exported here; submodules are layers (see docs/architecture.md).
+What users write and call is re-exported here, for three stories: write an env family (`family`,
+`ToolEnv`, `tool`, `Verifier`, ...), write a loss (`register_loss`, `LossConfig`, `TokenBatch`, ...),
+and run a spec (`load_spec`, `Store`, `train_run`, ...). Everything else is internal: submodules are
+layers (see docs/architecture.md) and may change between versions.
 """
 
 import os
@@ -12,132 +15,32 @@ from importlib.metadata import PackageNotFoundError, version
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 
-from reprorl.actions import Action, parse_action, render_call
-from reprorl.config import (
-    ArtifactRef,
-    BudgetSpec,
-    DataSpec,
-    EvaluationSpec,
-    FullFineTune,
-    KLPenalty,
-    LearningSpec,
-    LoraAdapter,
-    ModelSpec,
-    PriceTable,
-    RemoteInference,
-    RollbackRule,
-    RunSpec,
-    load_spec,
-    resolve_spec,
-    validate_spec,
-)
-from reprorl.envs import EnvConfig, Tool, ToolEnv, tool
-from reprorl.envs.sandbox import SandboxLimits, SandboxPool
-from reprorl.errors import (
-    ArtifactNotFoundError,
-    FloatingReferenceError,
-    InferenceError,
-    IntegrityError,
-    NotFoundError,
-    RecordError,
-    RegistryError,
-    ReprorlError,
-    RunNotFoundError,
-    SpecError,
-    StoreError,
-    UserInputError,
-)
-from reprorl.hashing import canonical_json, content_hash
-from reprorl.orchestrate import create_run
-from reprorl.refs import parse_ref
+from reprorl.actions import render_call
+from reprorl.config import RunSpec, load_spec
+from reprorl.config.loss import LossConfig
+from reprorl.envs import ToolEnv, generate_splits, tool, workspace_path
+from reprorl.envs.errors import InvalidArguments, OutsideSandbox, UnsafeAction
+from reprorl.envs.sandbox import SandboxPool
+from reprorl.envs.sandbox.context import ToolContext
+from reprorl.errors import UserInputError
 from reprorl.rewards import FinalState, Verifier, VerifierRunner
-from reprorl.rollout import FAMILIES, EpisodeIds, EpisodeLimits, ScriptedPolicy, ToolStats, run_episode
-from reprorl.sinks import MetricSink, SinkError, SinkObserver, SinkRun, SinkTarget, export_run
-from reprorl.store import ArtifactVersion, ContentStore, Registry, RunRecord, Store, find_run
-from reprorl.types import (
-    Message,
-    Permission,
-    Reward,
-    Role,
-    SamplingParams,
-    Split,
-    Task,
-    TaskSet,
-    Termination,
-    ToolCall,
-    ToolOutcome,
-    ToolResult,
-    Trajectory,
-    Turn,
-)
+from reprorl.rollout import EpisodeIds, Family, ScriptedPolicy, run_episode
+from reprorl.rollout.families import family, register_family
+from reprorl.store import Store, find_run
+from reprorl.types import Message, Permission, Role, Split, Task, TaskSet, Trajectory
 
-# Models, samplers, training and jobs need torch; they load on first use so that `import reprorl`
-# stays light for tools that only read records.
+# Losses, training and jobs need torch; they load on first use so that `import reprorl` stays light
+# for tools that only read records.
 _LAZY = {
-    "load_base": "reprorl.policy",
-    "tiny_model": "reprorl.policy",
-    "LoadedModel": "reprorl.policy",
-    "LocalSampler": "reprorl.policy.sampling",
-    "Sample": "reprorl.policy.sampling",
-    "SampleRequest": "reprorl.policy.sampling",
-    "HttpSampler": "reprorl.policy.http",
-    "ChatClient": "reprorl.policy.http",
-    "ChatRenderer": "reprorl.policy.chat",
-    "ModelPolicy": "reprorl.rollout.model_policy",
-    "Lockstep": "reprorl.rollout.model_policy",
-    "RolloutRunner": "reprorl.rollout.runner",
-    "plan_groups": "reprorl.rollout.runner",
-    "collect_demonstrations": "reprorl.rollout.demos",
-    "AdamParams": "reprorl.trainer",
-    "Datum": "reprorl.trainer",
-    "LocalTrainer": "reprorl.trainer",
-    "CrossEntropy": "reprorl.algos",
-    "GRPOAdvantage": "reprorl.algos",
-    "DrGRPOAdvantage": "reprorl.algos",
-    "RLOOAdvantage": "reprorl.algos",
-    "PPOClip": "reprorl.algos",
-    "Reinforce": "reprorl.algos",
-    "TruncatedIS": "reprorl.algos",
-    "MaskedIS": "reprorl.algos",
-    "open_policy": "reprorl.orchestrate.policies",
-    "sample_run": "reprorl.orchestrate.sample",
+    "register_loss": "reprorl.algos",
+    "LossShared": "reprorl.algos",
+    "LossOutput": "reprorl.algos",
+    "TokenBatch": "reprorl.algos",
+    "masked_mean": "reprorl.algos",
+    "sequence_mean": "reprorl.algos",
+    "sequence_means": "reprorl.algos",
     "train_run": "reprorl.orchestrate.train",
-    "sft_warm_start": "reprorl.orchestrate.warm_start",
-    "Replayer": "reprorl.orchestrate.replay",
     "replay": "reprorl.orchestrate.replay",
-    "evaluate_target": "reprorl.orchestrate.offline_eval",
-    "compare_runs": "reprorl.orchestrate.compare",
-    "grow_suite": "reprorl.orchestrate.regression",
-    "EvalPoint": "reprorl.evaluation.point",
-    "check_leakage": "reprorl.evaluation.leakage",
-    "LeakageReport": "reprorl.evaluation.leakage",
-    "Guard": "reprorl.evaluation.guards",
-    "GuardPoint": "reprorl.evaluation.guards",
-    "Judge": "reprorl.evaluation.judge",
-    "JudgeConfig": "reprorl.config",
-    "JudgeReward": "reprorl.config",
-    "JudgeScore": "reprorl.evaluation.judge",
-    "read_scores": "reprorl.evaluation.judge",
-    "write_scores": "reprorl.evaluation.judge",
-    "Label": "reprorl.evaluation.labels",
-    "import_labels": "reprorl.evaluation.labels",
-    "read_labels": "reprorl.evaluation.labels",
-    "agreement": "reprorl.evaluation.labels",
-    "verifier_errors": "reprorl.evaluation.verifier_errors",
-    "VerifierErrors": "reprorl.evaluation.verifier_errors",
-    "render_report": "reprorl.report",
-    "PROBES": "reprorl.rewards.audit",
-    "Probe": "reprorl.rewards.audit",
-    "audit_rewards": "reprorl.rollout.reward_audit",
-    "VerifierAudit": "reprorl.rollout.reward_audit",
-    "audit_judge": "reprorl.orchestrate.judge_audit",
-    "JudgeAudit": "reprorl.orchestrate.judge_audit",
-    "judge_run": "reprorl.orchestrate.judge_run",
-    "JudgedRun": "reprorl.orchestrate.judge_run",
-    "impossible_variant": "reprorl.envs.common",
-    "screen": "reprorl.orchestrate.screen",
-    "ScreenSpec": "reprorl.config.screen",
-    "ScreenReport": "reprorl.evaluation.screening",
 }
 
 
@@ -157,83 +60,50 @@ try:
 except PackageNotFoundError:  # running from a source tree without an install
     __version__ = "0.0.0"
 
-__all__ = [  # the lazily loaded names first, then the eager ones
-    *sorted(_LAZY),
-    "FAMILIES",
-    "Action",
-    "ArtifactNotFoundError",
-    "ArtifactRef",
-    "ArtifactVersion",
-    "BudgetSpec",
-    "ContentStore",
-    "DataSpec",
-    "EnvConfig",
-    "EpisodeIds",
-    "EpisodeLimits",
-    "EvaluationSpec",
+__all__ = [  # noqa: RUF022 -- grouped by the story each name serves
+    # Write an env family.
+    "Family",
     "FinalState",
-    "FloatingReferenceError",
-    "InferenceError",
-    "FullFineTune",
-    "IntegrityError",
-    "KLPenalty",
-    "LearningSpec",
-    "LoraAdapter",
+    "InvalidArguments",
     "Message",
-    "MetricSink",
-    "ModelSpec",
-    "NotFoundError",
-    "PriceTable",
+    "OutsideSandbox",
     "Permission",
-    "RecordError",
-    "Registry",
-    "RegistryError",
-    "RemoteInference",
-    "ReprorlError",
-    "Reward",
     "Role",
-    "RollbackRule",
-    "RunNotFoundError",
-    "RunRecord",
-    "RunSpec",
-    "SamplingParams",
-    "SandboxLimits",
-    "SandboxPool",
-    "ScriptedPolicy",
-    "SinkError",
-    "SinkObserver",
-    "SinkRun",
-    "SinkTarget",
-    "SpecError",
     "Split",
-    "Store",
-    "StoreError",
     "Task",
     "TaskSet",
-    "Termination",
-    "Tool",
-    "ToolCall",
+    "ToolContext",
     "ToolEnv",
-    "ToolOutcome",
-    "ToolResult",
-    "ToolStats",
-    "Trajectory",
-    "Turn",
-    "UserInputError",
+    "UnsafeAction",
     "Verifier",
+    "family",
+    "generate_splits",
+    "register_family",
+    "render_call",
+    "tool",
+    "workspace_path",
+    # Write a loss.
+    "LossConfig",
+    "LossOutput",
+    "LossShared",
+    "TokenBatch",
+    "masked_mean",
+    "register_loss",
+    "sequence_mean",
+    "sequence_means",
+    # Run a spec, and look at what it recorded.
+    "EpisodeIds",
+    "RunSpec",
+    "SandboxPool",
+    "ScriptedPolicy",
+    "Store",
+    "Trajectory",
+    "UserInputError",
     "VerifierRunner",
-    "__version__",
-    "canonical_json",
-    "content_hash",
-    "create_run",
-    "export_run",
     "find_run",
     "load_spec",
-    "parse_action",
-    "parse_ref",
-    "render_call",
-    "resolve_spec",
+    "replay",
     "run_episode",
-    "tool",
-    "validate_spec",
+    "train_run",
+    "__version__",
 ]

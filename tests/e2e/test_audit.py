@@ -411,18 +411,18 @@ def test_a_record_edited_to_claim_another_loss_fails_the_effective_config_questi
 ) -> None:
     path = run_dir(home) / "effective.json"
     document = json.loads(path.read_text())
-    assert document["fields"]["learning.loss"] == "ppo_clip"
-    document["fields"]["learning.loss"] = "reinforce"
+    assert document["fields"]["learning.loss.kind"] == "ppo_clip"
+    document["fields"]["learning.loss.kind"] = "reinforce"
     path.write_text(json.dumps(document))
     (answer,) = [a for a in audit(home).failed if a.key == "effective_config"]
-    assert any(line.startswith("learning.loss: spec.json says 'ppo_clip'") for line in answer.missing)
+    assert any(line.startswith("learning.loss.kind: spec.json says 'ppo_clip'") for line in answer.missing)
     assert any("changed after the run wrote it" in line for line in answer.missing)
 
 
 def test_a_spec_resealed_to_claim_another_loss_disagrees_with_what_the_trainer_used(home: Path) -> None:
     folder = run_dir(home)
     spec = json.loads((folder / "spec.json").read_text())
-    spec["learning"]["loss"] = "reinforce"
+    spec["learning"]["loss"] = {"kind": "reinforce"}
     (folder / "spec.json").write_text(json.dumps(spec, indent=2, sort_keys=True) + "\n")
     sums = json.loads((folder / "checksums.json").read_text())
     sums["spec.json"] = sha256_hex((folder / "spec.json").read_bytes())
@@ -431,5 +431,5 @@ def test_a_spec_resealed_to_claim_another_loss_disagrees_with_what_the_trainer_u
     assert "effective_config" in failed
     lines = failed["effective_config"].missing
     assert list(lines) == [
-        "learning.loss: spec.json says 'reinforce', the component that uses it reported 'ppo_clip'"
+        "learning.loss.kind: spec.json says 'reinforce', the component that uses it reported 'ppo_clip'"
     ]

@@ -93,7 +93,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "data.verifier_timeout_s": 20.0,
         "data.max_invalid_actions": 2,
         "data.tool_permissions": ["read", "human"],
-        "learning.loss": "reinforce",
+        "learning.loss": {"kind": "reinforce"},
         "learning.advantage": "grpo",
         "learning.lr": 2e-3,
         "learning.schedule": "linear",
@@ -144,17 +144,23 @@ VARIANTS: dict[str, dict[str, Any]] = {
             "dropout": 0.1,
             "targets": ["k_proj", "q_proj"],
         },
-        "learning.loss": "ppo_ewma",
-        "learning.ewma_decay": 0.8,
-        "learning.clip_low": 0.1,
-        "learning.clip_high": 0.2,
+        "learning.loss": {"kind": "ppo_ewma", "ewma_decay": 0.8, "clip_low": 0.1, "clip_high": 0.2},
         "learning.mode": "async",
         "learning.max_staleness": 1,
         "learning.assembly": "arrival",
         "learning.rollout_workers": 2,
     },
-    "full": {"model.base": "tiny-b", "model.adapter": {"kind": "full"}, "learning.steps": 1},
-    "judge": {**JUDGE, "learning.steps": 1},
+    "full": {
+        "model.base": "tiny-b",
+        "model.adapter": {"kind": "full"},
+        "learning.steps": 1,
+        "learning.loss": {"kind": "gspo", "clip_low": 0.01, "clip_high": 0.02},
+    },
+    "judge": {
+        **JUDGE,
+        "learning.steps": 1,
+        "learning.loss": {"kind": "cispo", "clip_low": 0.5, "clip_high": 0.5},
+    },
 }
 
 
@@ -168,6 +174,8 @@ def schema_leaves(model: type[BaseModel], prefix: str = "") -> list[str]:
         path = f"{prefix}{name}"
         members = [a for a in (info.annotation, *_flatten(info.annotation)) if isinstance(a, type)]
         tables = [m for m in members if issubclass(m, BaseModel)]
+        # A table chosen by `kind` from a registry (the loss): every built-in variant's fields.
+        tables = [v for m in tables for v in (m.variants() if hasattr(m, "variants") else [m])]
         if tables and typing.get_origin(info.annotation) is not tuple:
             found = {leaf for table in tables for leaf in schema_leaves(table, f"{path}.")}
             out.extend(sorted(found))

@@ -1,34 +1,54 @@
-"""Policy-gradient and supervised losses on tensors: one file per method, the paper named at its top."""
+"""Policy-gradient and supervised losses on tensors: one file per method, the paper named at its top.
 
-from reprorl.algos.base import Loss, LossOutput, TokenBatch, masked_mean
+Each policy-gradient loss registers itself (`register_loss`) with the config its file declares, so
+`learning.loss = { kind = ... }` selects it by name; importing this package registers the built-ins.
+"""
+
+from reprorl.algos.base import Loss, LossOutput, TokenBatch, masked_mean, sequence_mean, sequence_means
+from reprorl.algos.cispo import CISPO, CISPOConfig
 from reprorl.algos.dr_grpo import DrGRPOAdvantage
 from reprorl.algos.grpo import GRPOAdvantage
+from reprorl.algos.gspo import GSPO, GSPOConfig
 from reprorl.algos.importance import Correction, MaskedIS, NoCorrection, TruncatedIS
 from reprorl.algos.kl import ESTIMATORS, k1, k2, k3
-from reprorl.algos.ppo import PPOClip
-from reprorl.algos.ppo_ewma import PPOEWMA
-from reprorl.algos.reinforce import Reinforce
+from reprorl.algos.ppo import ClipBounds, PPOClip, PPOClipConfig
+from reprorl.algos.ppo_ewma import PPOEWMA, PPOEWMAConfig
+from reprorl.algos.registered import LossShared, build_loss, register_loss
+from reprorl.algos.reinforce import Reinforce, ReinforceConfig
 from reprorl.algos.rloo import RLOOAdvantage
 from reprorl.algos.sft import CrossEntropy
 
 __all__ = [
+    "CISPO",
     "ESTIMATORS",
+    "GSPO",
     "PPOEWMA",
+    "CISPOConfig",
+    "ClipBounds",
     "Correction",
     "CrossEntropy",
     "DrGRPOAdvantage",
     "GRPOAdvantage",
+    "GSPOConfig",
     "Loss",
     "LossOutput",
+    "LossShared",
     "MaskedIS",
     "NoCorrection",
     "PPOClip",
+    "PPOClipConfig",
+    "PPOEWMAConfig",
     "RLOOAdvantage",
     "Reinforce",
+    "ReinforceConfig",
     "TokenBatch",
     "TruncatedIS",
+    "build_loss",
     "k1",
     "k2",
     "k3",
     "masked_mean",
+    "register_loss",
+    "sequence_mean",
+    "sequence_means",
 ]

@@ -12,6 +12,8 @@ from typing import Protocol
 
 import torch
 
+from reprorl.config.loss import Mean
+
 
 @dataclass(frozen=True)
 class TokenBatch:
@@ -31,9 +33,16 @@ class LossOutput:
 
 
 class Loss(Protocol):
-    """A training objective: from the policy's token logprobs and the batch, a scalar to minimise."""
+    """A training objective: from the policy's token logprobs and the batch, a scalar to minimise.
+
+    `mean` says how the scalar averages its batch, which the trainer honours when it splits a batch
+    into micro-batches: "token" (every learned token weighs the same: each micro-batch's loss is
+    weighted by its share of the tokens) or "sequence" (every sequence weighs the same: by its share
+    of the sequences).
+    """
 
     name: str
+    mean: Mean
 
     def __call__(self, logprobs: torch.Tensor, batch: TokenBatch) -> LossOutput: ...
 
@@ -41,3 +50,14 @@ class Loss(Protocol):
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Token-level mean: every unmasked token of the batch weighs the same."""
     return (values * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def sequence_means(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[B]: each sequence's mean over its learned tokens (0 for a sequence with none)."""
+    return (values * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1.0)
+
+
+def sequence_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Sequence-level mean of [B] values: every sequence with a learned token weighs the same."""
+    present = (mask.sum(dim=-1) > 0).to(values.dtype)
+    return (values * present).sum() / present.sum().clamp(min=1.0)

@@ -16,6 +16,9 @@ from typing import Protocol
 
 import torch
 
+from reprorl.algos.base import masked_mean
+from reprorl.algos.kl import k3
+
 
 class Correction(Protocol):
     """Per-token importance weights (no gradient) from proximal and behaviour logprobs."""
@@ -57,3 +60,25 @@ class MaskedIS:
     def __call__(self, proximal: torch.Tensor, behaviour: torch.Tensor) -> torch.Tensor:
         ratio = torch.exp(proximal - behaviour)
         return torch.where(ratio <= self.cap, ratio, torch.zeros_like(ratio)).detach()
+
+
+class Corrected:
+    """What a policy-gradient loss holds besides its own bounds: the correction and the KL penalty."""
+
+    def __init__(self, correction: Correction | None, kl_coef: float, kl_estimator: str) -> None:
+        self.correction = correction or TruncatedIS(2.0)
+        self.kl_coef, self.kl_estimator = kl_coef, kl_estimator
+
+
+def token_weight_metrics(
+    weights: torch.Tensor, proximal: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
+    """The importance weights' figures over the learned tokens, and how far μ is from π_prox (k3)."""
+    learned = mask.bool()
+    return {
+        "is_weight_mean": float(masked_mean(weights, mask)),
+        "is_weight_max": float((weights * mask).max()) if learned.any() else 0.0,
+        "is_weight_min": float(weights[learned].min()) if learned.any() else 0.0,
+        "mismatch_k3": float(masked_mean(k3(proximal, behaviour), mask)),
+        "tokens": float(mask.sum()),
+    }

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from reprorl.algos.base import TokenBatch, masked_mean
+from reprorl.algos.base import TokenBatch, masked_mean, sequence_mean, sequence_means
+from reprorl.config.loss import Mean
 
 
 def k1(logprobs: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
@@ -40,14 +41,18 @@ def kl_penalty(
     coef: float,
     metrics: dict[str, float],
     estimator: str = "k2",
+    mean: Mean = "token",
 ) -> torch.Tensor:
     """`loss` plus β · mean `estimator` to the reference where the batch has reference logprobs and
-    β > 0; k3 is reported (`kl_k3`) whenever they are there, so KL is a health metric even when off."""
+    β > 0; k3 is reported (`kl_k3`) whenever they are there, so KL is a health metric even when off.
+    The penalty averages as the loss does (`mean`), so the trainer weighs both alike."""
     if batch.reference_logprobs is None:
         return loss
     metrics["kl_k3"] = float(masked_mean(k3(logprobs.detach(), batch.reference_logprobs), batch.mask))
     if coef > 0:
-        loss = loss + coef * masked_mean(
-            ESTIMATORS[estimator](logprobs, batch.reference_logprobs), batch.mask
-        )
+        values = ESTIMATORS[estimator](logprobs, batch.reference_logprobs)
+        if mean == "token":
+            loss = loss + coef * masked_mean(values, batch.mask)
+        else:
+            loss = loss + coef * sequence_mean(sequence_means(values, batch.mask), batch.mask)
     return loss

@@ -16,17 +16,38 @@ gradient and reports k3 (see `kl.py`).
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
+from pydantic import Field
 
 from reprorl.algos.base import LossOutput, TokenBatch, masked_mean
-from reprorl.algos.importance import Correction, TruncatedIS
-from reprorl.algos.kl import k3, kl_penalty
+from reprorl.algos.importance import Corrected, Correction, token_weight_metrics
+from reprorl.algos.kl import kl_penalty
+from reprorl.algos.registered import LossShared, register_loss
+from reprorl.config.loss import LossConfig, Mean
 
 
-class PPOClip:
+class ClipBounds(LossConfig):
+    """The trust region of a clipped ratio: r is kept within [1 − clip_low, 1 + clip_high]."""
+
+    clip_low: float = Field(default=0.2, gt=0.0, lt=1.0, description="Clip epsilon below 1 (ε_low).")
+    clip_high: float = Field(
+        default=0.28, gt=0.0, description="Clip epsilon above 1 (ε_high; DAPO's clip-higher)."
+    )
+
+
+class PPOClipConfig(ClipBounds):
+    """`kind = "ppo_clip"`: PPO clip against the pre-update weights, token-level mean."""
+
+    kind: Literal["ppo_clip"] = "ppo_clip"
+
+
+class PPOClip(Corrected):
     """The clipped surrogate with asymmetric bounds, token-level mean, IS-corrected."""
 
     name = "ppo_clip"
+    mean: Mean = "token"
 
     def __init__(
         self,
@@ -36,9 +57,8 @@ class PPOClip:
         kl_coef: float = 0.0,
         kl_estimator: str = "k2",
     ) -> None:
+        super().__init__(correction, kl_coef, kl_estimator)
         self.clip_low, self.clip_high = clip_low, clip_high
-        self.correction = correction or TruncatedIS(2.0)
-        self.kl_coef, self.kl_estimator = kl_coef, kl_estimator
 
     def __call__(self, logprobs: torch.Tensor, batch: TokenBatch) -> LossOutput:
         mask = batch.mask
@@ -58,14 +78,15 @@ class PPOClip:
             "clip_frac_low": float(
                 masked_mean(((ratio < 1 - self.clip_low) & (advantages < 0)).float(), mask)
             ),
-            "is_weight_mean": float(masked_mean(weights, mask)),
-            "is_weight_max": float((weights * mask).max()) if mask.any() else 0.0,
-            "is_weight_min": float(weights[mask.bool()].min()) if mask.any() else 0.0,
             # The raw ratio before the correction: how far off-policy the worst token was.
             "is_ratio_max": float((torch.exp(proximal - behaviour) * mask).max()) if mask.any() else 0.0,
-            "mismatch_k3": float(masked_mean(k3(proximal, behaviour), mask)),
-            "tokens": float(mask.sum()),
+            **token_weight_metrics(weights, proximal, behaviour, mask),
         }
         loss = kl_penalty(loss, logprobs, batch, self.kl_coef, metrics, self.kl_estimator)
         metrics["loss"] = float(loss.detach())
         return LossOutput(loss, metrics)
+
+
+@register_loss(PPOClipConfig)
+def ppo_clip(config: PPOClipConfig, shared: LossShared) -> PPOClip:
+    return PPOClip(config.clip_low, config.clip_high, shared.correction, shared.kl_coef, shared.kl_estimator)

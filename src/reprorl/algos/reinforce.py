@@ -14,23 +14,33 @@ nothing bounds how far one update moves the policy, so the clip fractions are no
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 
 from reprorl.algos.base import LossOutput, TokenBatch, masked_mean
-from reprorl.algos.importance import Correction, TruncatedIS
-from reprorl.algos.kl import k3, kl_penalty
+from reprorl.algos.importance import Corrected, Correction, token_weight_metrics
+from reprorl.algos.kl import kl_penalty
+from reprorl.algos.registered import LossShared, register_loss
+from reprorl.config.loss import LossConfig, Mean
 
 
-class Reinforce:
+class ReinforceConfig(LossConfig):
+    """`kind = "reinforce"`: the score-function gradient with the group baseline; nothing to set."""
+
+    kind: Literal["reinforce"] = "reinforce"
+
+
+class Reinforce(Corrected):
     """The score-function policy gradient with the group baseline, token-level mean, IS-corrected."""
 
     name = "reinforce"
+    mean: Mean = "token"
 
     def __init__(
         self, correction: Correction | None = None, kl_coef: float = 0.0, kl_estimator: str = "k2"
     ) -> None:
-        self.correction = correction or TruncatedIS(2.0)
-        self.kl_coef, self.kl_estimator = kl_coef, kl_estimator
+        super().__init__(correction, kl_coef, kl_estimator)
 
     def __call__(self, logprobs: torch.Tensor, batch: TokenBatch) -> LossOutput:
         mask = batch.mask
@@ -40,12 +50,13 @@ class Reinforce:
         loss = -masked_mean(weights * advantages * logprobs, mask)
         metrics = {
             "pg_loss": float(loss.detach()),
-            "is_weight_mean": float(masked_mean(weights, mask)),
-            "is_weight_max": float((weights * mask).max()) if mask.any() else 0.0,
-            "is_weight_min": float(weights[mask.bool()].min()) if mask.any() else 0.0,
-            "mismatch_k3": float(masked_mean(k3(logprobs.detach(), behaviour), mask)),
-            "tokens": float(mask.sum()),
+            **token_weight_metrics(weights, logprobs.detach(), behaviour, mask),
         }
         loss = kl_penalty(loss, logprobs, batch, self.kl_coef, metrics, self.kl_estimator)
         metrics["loss"] = float(loss.detach())
         return LossOutput(loss, metrics)
+
+
+@register_loss(ReinforceConfig)
+def reinforce(config: ReinforceConfig, shared: LossShared) -> Reinforce:
+    return Reinforce(shared.correction, shared.kl_coef, shared.kl_estimator)

@@ -10,12 +10,14 @@ from __future__ import annotations
 import torch
 
 from reprorl.algos.base import LossOutput, TokenBatch, masked_mean
+from reprorl.config.loss import Mean
 
 
 class CrossEntropy:
     """Negative log-likelihood of the demonstrated tokens, averaged over tokens."""
 
     name = "cross_entropy"
+    mean: Mean = "token"
 
     def __call__(self, logprobs: torch.Tensor, batch: TokenBatch) -> LossOutput:
         loss = -masked_mean(logprobs, batch.mask)

@@ -197,8 +197,8 @@ def reward_config(f: RunFacts) -> Finding:
     learn = spec.learning
     kl = "off" if learn.kl.estimator == "off" else f"{learn.kl.estimator} x {learn.kl.coef:g}"
     out.ok(
-        f"spec.json learning: loss {learn.loss}, advantage {learn.advantage}, "
-        f"lr {learn.lr:g} ({learn.schedule}), clip {learn.clip_low:g}/{learn.clip_high:g}, "
+        f"spec.json learning: loss {_loss_text(learn.loss.model_dump(mode='json'))}, "
+        f"advantage {learn.advantage}, lr {learn.lr:g} ({learn.schedule}), "
         f"tis_cap {learn.tis_cap:g}, KL {kl}, group {learn.group_size}"
     )
     weights = spec.data.reward_weights
@@ -310,7 +310,7 @@ def adapter_lineage(f: RunFacts) -> Finding:
         "base_model": base,
         "adapter": spec.model.adapter.model_dump(mode="json"),
         "lr": spec.learning.lr,
-        "loss": spec.learning.loss,
+        "loss": spec.learning.loss.kind,
         "train_taskset": f.inputs.get("data.train"),
         "step": event.get("step", spec.learning.steps),
         "run_id": f.run_id,
@@ -388,3 +388,11 @@ def _weighted(row: dict[str, Any], weights: dict[str, float]) -> float:
 def _tools(encoded: str) -> str:
     tools: dict[str, str] = json.loads(encoded)
     return ", ".join(f"{k} {short(v)}" for k, v in sorted(tools.items())) or "none"
+
+
+def _loss_text(table: dict[str, Any]) -> str:
+    """`ppo_clip (clip_low 0.2, clip_high 0.28)`: the loss and its own settings."""
+    rest = ", ".join(
+        f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in table.items() if k != "kind"
+    )
+    return f"{table['kind']} ({rest})" if rest else str(table["kind"])

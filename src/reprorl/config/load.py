@@ -183,6 +183,32 @@ REMOVED_DEFAULTS: dict[tuple[str, str], Any] = {
 }
 
 
+# Loss fields older records hold flat in `learning`, beside `loss` as a name; each loss that reads
+# one takes it into its table, and a loss that never read it drops it (it had no effect).
+FLAT_LOSS_FIELDS: dict[str, tuple[str, ...]] = {
+    "clip_low": ("ppo_clip", "ppo_ewma"),
+    "clip_high": ("ppo_clip", "ppo_ewma"),
+    "ewma_decay": ("ppo_ewma",),
+}
+
+
+def _loss_table(learning: dict[str, Any]) -> dict[str, Any]:
+    """`learning` of an older record with `loss` as a table, the flat fields its loss read moved in."""
+    if not isinstance(learning.get("loss", {}), str) and not any(k in learning for k in FLAT_LOSS_FIELDS):
+        return learning
+    out = dict(learning)
+    table: Any = out.pop("loss", "ppo_clip")
+    if isinstance(table, str):
+        table = {"kind": table}
+    for key, kinds in FLAT_LOSS_FIELDS.items():
+        if key in out:
+            value = out.pop(key)
+            if isinstance(table, dict) and table.get("kind") in kinds:
+                table[key] = value
+    out["loss"] = table
+    return out
+
+
 def stored_spec(doc: dict[str, Any]) -> RunSpec:
     """The run spec a record's `spec.json` holds, written by this version or an older one."""
     data = dict(doc)
@@ -190,6 +216,8 @@ def stored_spec(doc: dict[str, Any]) -> RunSpec:
         table = data.get(section)
         if isinstance(table, dict) and key in table and table[key] == default:
             data[section] = {k: v for k, v in table.items() if k != key}
+    if isinstance(data.get("learning"), dict):
+        data["learning"] = _loss_table(data["learning"])
     return validate_spec(data)
 
 

@@ -20,7 +20,9 @@ END = "<!-- END GENERATED -->"
 
 def _models(annotation: Any) -> list[type[BaseModel]]:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
+        # A table chosen by `kind` from a registry: its built-in variants, each a section.
+        variants = getattr(annotation, "variants", None)
+        return list(variants()) if callable(variants) else [annotation]
     found: list[type[BaseModel]] = []
     for arg in typing.get_args(annotation):
         found.extend(_models(arg))
@@ -28,6 +30,9 @@ def _models(annotation: Any) -> list[type[BaseModel]]:
 
 
 def _type_name(annotation: Any) -> str:
+    variants = getattr(annotation, "variants", None) if isinstance(annotation, type) else None
+    if callable(variants):
+        return f"table by kind: {' | '.join(v.__name__ for v in variants())}"
     if isinstance(annotation, type):
         return "artifact ref" if annotation.__name__ == "ArtifactRef" else annotation.__name__
     origin = typing.get_origin(annotation)

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from reprorl.config.spec import SpecModel
+from reprorl.config.base import SpecModel
 from reprorl.hashing import content_hash
 from reprorl.types import Split
 

@@ -9,26 +9,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import Discriminator, Field, Tag, model_validator
 
+from reprorl.config.base import Owner, SpecModel
 from reprorl.config.judge import JudgeReward
+from reprorl.config.loss import LossTable, default_loss
 from reprorl.hashing import content_hash
 from reprorl.refs import ArtifactRef
-
-Owner = Annotated[
-    str,
-    Field(
-        min_length=1,
-        pattern=r"\S",
-        description="Who answers for this decision (a person or team), e.g. 'alice@example.com'.",
-    ),
-]
-
-
-class SpecModel(BaseModel):
-    """Base of every spec section: frozen, strict about keys."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
 
 
 class LoraAdapter(SpecModel):
@@ -186,10 +173,13 @@ class LearningSpec(SpecModel):
     """How the policy is updated from its rollouts."""
 
     owner: Owner
-    loss: Literal["ppo_clip", "ppo_ewma", "reinforce"] = Field(
-        default="ppo_clip",
-        description="Policy-gradient objective: PPO clip against the pre-update weights, PPO-EWMA "
-        "(against their moving average), or REINFORCE with the group baseline (no clipping).",
+    loss: LossTable = Field(
+        default_factory=default_loss,
+        description="Policy-gradient objective, a table chosen by `kind` whose other keys are that loss's "
+        "own (see the loss tables below): `ppo_clip` (PPO clip against the pre-update weights), "
+        "`ppo_ewma` (against their moving average), `reinforce` (the group baseline, no clipping), "
+        "`gspo` (a sequence-level ratio), `cispo` (a clipped, stopped importance weight on every token), "
+        "or a loss an installed package registers. A name alone (`loss = 'gspo'`) takes its defaults.",
     )
     advantage: Literal["grpo", "dr_grpo", "rloo"] = Field(
         default="dr_grpo", description="Group advantage estimator (dr_grpo = mean-centred, no std)."
@@ -202,11 +192,6 @@ class LearningSpec(SpecModel):
     steps: int = Field(default=20, ge=1, description="Optimizer steps to train for.")
     group_size: int = Field(default=8, ge=2, description="Rollouts per task (G) per step.")
     tasks_per_step: int = Field(default=4, ge=1, description="Tasks (groups) sampled per step.")
-    clip_low: float = Field(default=0.2, gt=0.0, lt=1.0, description="PPO clip epsilon below 1.")
-    clip_high: float = Field(default=0.28, gt=0.0, description="PPO clip epsilon above 1.")
-    ewma_decay: float = Field(
-        default=0.9, ge=0.0, lt=1.0, description="PPO-EWMA decay of the proximal policy."
-    )
     kl: KLPenalty = Field(default_factory=KLPenalty)
     tis_cap: float = Field(
         default=2.0, ge=1.0, description="Truncated importance-sampling cap vs behaviour policy."

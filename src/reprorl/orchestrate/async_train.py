@@ -41,7 +41,7 @@ from reprorl.orchestrate.effective import effective_config, write_effective
 from reprorl.orchestrate.loop import TrainLoop
 from reprorl.orchestrate.pipeline import Batch, Producer, SampleQueue
 from reprorl.orchestrate.policies import OpenedPolicy
-from reprorl.orchestrate.sample import progress_bar, runner_for
+from reprorl.orchestrate.sample import progress_bar
 from reprorl.orchestrate.steps import group_data
 from reprorl.orchestrate.versions import PolicyVersions
 from reprorl.orchestrate.workers import BatchRunner, LocalBatches, RayBatches, start_ray_workers
@@ -157,9 +157,7 @@ class AsyncTrainLoop(TrainLoop):
         self.refresh_policy(start)
         with progress_bar("training", show_progress) as progress:
             bar = progress.add_task("steps", total=learning.steps, completed=start)
-            async with runner_for(
-                self.opened, self.spec, self.record.run_id, self.store.root, barrier=self.barrier
-            ) as runner:
+            async with self.open_runner() as runner:
                 write_effective(self.record, effective_config(self, runner))
                 batches = await self._batches(runner)
                 sampling = asyncio.create_task(self.produce(batches, start))

@@ -18,9 +18,10 @@ from typing import Any, Protocol
 import torch
 from peft import PeftModel
 
-from reprorl.algos import Loss, MaskedIS, NoCorrection, TruncatedIS
+from reprorl.algos import Loss, LossShared, MaskedIS, NoCorrection, TruncatedIS
 from reprorl.config import RunSpec
 from reprorl.config.judge import JudgeConfig
+from reprorl.config.loss import LossConfig
 from reprorl.config.spec import LearningSpec
 from reprorl.hashing import canonical_json, content_hash
 from reprorl.orchestrate.budget import BudgetMeter
@@ -145,17 +146,18 @@ def _data(loop: TrainLoop, runner: RolloutRunner) -> dict[str, Any]:
 
 def _learning(loop: TrainLoop, runner: RolloutRunner) -> dict[str, Any]:
     loss, learning = loop.loss, loop.learning
-    correction = getattr(loss, "correction", None)
+    # A loss holds the shared settings itself (the built-ins) or as the `LossShared` it was given.
+    holder: Any = (
+        getattr(loss, "shared", None) if isinstance(getattr(loss, "shared", None), LossShared) else loss
+    )
+    correction = getattr(holder, "correction", None)
     barrier = next((name for name, kind in BARRIERS.items() if type(runner.barrier) is kind), "recorded")
     return {
-        "learning.loss": loss.name,
-        "learning.clip_low": getattr(loss, "clip_low", learning.clip_low),
-        "learning.clip_high": getattr(loss, "clip_high", learning.clip_high),
-        "learning.kl.coef": getattr(loss, "kl_coef", None),
-        "learning.kl.estimator": getattr(loss, "kl_estimator", None) if learning.kl.coef > 0 else "off",
+        **_loss_fields(loss, learning, loop.ewma),
+        "learning.kl.coef": getattr(holder, "kl_coef", None),
+        "learning.kl.estimator": getattr(holder, "kl_estimator", None) if learning.kl.coef > 0 else "off",
         "learning.correction": CORRECTIONS.get(type(correction), "none"),
         "learning.tis_cap": getattr(correction, "cap", learning.tis_cap),
-        "learning.ewma_decay": loop.ewma.decay if loop.ewma is not None else learning.ewma_decay,
         "learning.temperature": runner.params.temperature,
         "learning.top_p": runner.params.top_p,
         "learning.top_k": runner.params.top_k,
@@ -167,6 +169,21 @@ def _learning(loop: TrainLoop, runner: RolloutRunner) -> dict[str, Any]:
         # Read by the loop itself, each where the loop uses it (plan, schedule, checkpoints, mode).
         **{f"learning.{k}": getattr(learning, k) for k in READ_BY_LOOP},
     }
+
+
+def _loss_fields(loss: Loss, learning: LearningSpec, ewma: EWMAWeights | None) -> dict[str, Any]:
+    """The loss table as the built loss holds it: its kind, and each field of its config as the loss
+    object carries it (a field it does not carry goes unreported, which the audit calls out); the
+    EWMA's decay is the moving average's own."""
+    out: dict[str, Any] = {"learning.loss.kind": loss.name}
+    config = getattr(loss, "config", None)
+    holder: Any = config if isinstance(config, LossConfig) else loss
+    for name in learning.loss.model_dump(mode="json"):
+        if name != "kind" and hasattr(holder, name):
+            out[f"learning.loss.{name}"] = getattr(holder, name)
+    if ewma is not None:
+        out["learning.loss.ewma_decay"] = ewma.decay
+    return out
 
 
 def _evaluation(loop: TrainLoop) -> dict[str, Any]:

@@ -81,6 +81,10 @@ class TrainLoop:
         if not self.tasks:
             raise ValueError(f"data.train: {spec.data.train} has no train-split tasks")
         self.suites = eval_suites(store, spec)
+        # The env families the run's tasks need: what its sandboxes load tools for.
+        self.families = sorted(
+            {t.family for t in self.tasks} | {t.family for s in self.suites for t in s.tasks}
+        )
         self.writer = RolloutWriter(record)
         self.loss = make_loss(self.learning)
         self.renderer = ChatRenderer(loaded.tokenizer)
@@ -259,6 +263,18 @@ class TrainLoop:
                 break
         return points
 
+    def open_runner(self) -> RolloutRunner:
+        """The run's rollout runner, for the families its tasks need, batching turns as the spec (or
+        the record this run follows) says."""
+        return runner_for(
+            self.opened,
+            self.spec,
+            self.record.run_id,
+            self.store.root,
+            families=self.families,
+            barrier=self.barrier,
+        )
+
     def eval_due(self, step: int) -> bool:
         every = self.spec.evaluation.every_steps
         return step == 0 or step == self.learning.steps or step % every == 0
@@ -327,9 +343,7 @@ class TrainLoop:
         learning, points = self.learning, []
         with progress_bar("training", show_progress) as progress:
             bar = progress.add_task("steps", total=learning.steps, completed=start)
-            async with runner_for(
-                self.opened, self.spec, self.record.run_id, self.store.root, barrier=self.barrier
-            ) as runner:
+            async with self.open_runner() as runner:
                 write_effective(self.record, effective_config(self, runner))
                 self.budget = BudgetMeter.of_record(self.spec.budget, self.record)
                 for step in range(start, learning.steps + 1):

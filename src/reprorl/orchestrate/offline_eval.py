@@ -170,7 +170,8 @@ async def _measure(
     provenance = Provenance(loaded.base_hash, None, renderer.template_hash, sampler.info())
     opened = OpenedPolicy(loaded, sampler, renderer, provenance)
     points = []
-    async with runner_for(opened, spec, f"offline-{run_id}", store_root) as runner:
+    families = {t.family for suite in suites for t in suite.tasks}
+    async with runner_for(opened, spec, f"offline-{run_id}", store_root, families=families) as runner:
         for suite in suites:
             points.append(
                 await evaluate(

@@ -25,6 +25,7 @@ from reprorl.orchestrate.judge_reward import check_judge, record_judge, run_judg
 from reprorl.orchestrate.launch import create_run
 from reprorl.orchestrate.policies import OpenedPolicy, chat_template_text, open_policy
 from reprorl.rollout.episode import EpisodeLimits
+from reprorl.rollout.families import families_named
 from reprorl.rollout.runner import BARRIERS, Barrier, RolloutResult, RolloutRunner, plan_groups
 from reprorl.rollout.scoring import counted, exclusion_metrics
 from reprorl.store import RunRecord, Store
@@ -65,10 +66,17 @@ def episode_limits(spec: RunSpec) -> EpisodeLimits:
 
 
 def runner_for(
-    opened: OpenedPolicy, spec: RunSpec, run_id: str, store_root: Path, *, barrier: Barrier | None = None
+    opened: OpenedPolicy,
+    spec: RunSpec,
+    run_id: str,
+    store_root: Path,
+    *,
+    families: Iterable[str],
+    barrier: Barrier | None = None,
 ) -> RolloutRunner:
     """The run's rollout runner: its sampling, limits, env settings, reward weights and judge.
 
+    `families`: the env families of the tasks it will run (their tools are what its sandboxes load).
     `barrier`: which turns share a sampling batch, when not the spec's `learning.lockstep` (a rerun
     following its record's batches)."""
     learning = spec.learning
@@ -79,6 +87,7 @@ def runner_for(
         params=sampling_params(spec),
         provenance=opened.provenance,
         limits=episode_limits(spec),
+        families=families_named(families),
         env_config=EnvConfig.from_spec(spec.data),
         reward_weights=spec.data.reward_weights,
         prices=spec.budget.prices,
@@ -146,7 +155,8 @@ async def sample_run(store: Store, spec: RunSpec, *, steps: int, show_progress: 
     try:
         with progress_bar("sampling", show_progress) as progress:
             bar = progress.add_task("rollouts", total=total)
-            async with runner_for(opened, spec, record.run_id, store.root) as runner:
+            families = {t.family for t in tasks}
+            async with runner_for(opened, spec, record.run_id, store.root, families=families) as runner:
                 for step in range(steps):
                     jobs = plan_groups(
                         step_tasks(tasks, spec, step),

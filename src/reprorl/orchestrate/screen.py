@@ -27,7 +27,7 @@ from reprorl.policy.sampling import Sampler
 from reprorl.rewards.audit import PROBES
 from reprorl.rewards.audit.probes import MAX_TURNS as PROBE_TURNS
 from reprorl.rollout.episode import EpisodeLimits, Policy, Provenance, ScriptedPolicy
-from reprorl.rollout.families import FAMILIES, Family
+from reprorl.rollout.families import Family, families_named
 from reprorl.rollout.runner import PolicyFactory, RolloutJob, RolloutRunner, plan_groups
 from reprorl.store import RunRecord, Store
 from reprorl.store.rollouts import DISCARDED_EVENT, RolloutWriter, find_parts
@@ -267,7 +267,7 @@ class Screener:
 def worker_screener(store: Store, spec: ScreenSpec, record: RunRecord) -> Screener:
     """The screener a Ray screen worker runs: the driver's, rebuilt in the worker's process."""
     _, tasks = screen_tasks(store, spec)
-    return Screener(store, spec, record, tasks, FAMILIES, None)
+    return Screener(store, spec, record, tasks, families_named(t.family for t in tasks), None)
 
 
 def screen_tasks(store: Store, spec: ScreenSpec) -> tuple[TaskSet, list[Task]]:
@@ -332,7 +332,7 @@ async def screen(
     spec: ScreenSpec | None = None,
     *,
     resume: RunRecord | None = None,
-    families: Mapping[str, Family] = FAMILIES,
+    families: Mapping[str, Family] | None = None,
     scripted: ScriptedScreenPolicy | None = None,
     register_as: str | None = None,
     show_progress: bool = False,
@@ -352,7 +352,8 @@ async def screen(
     record = resume if resume is not None else create_screen(store, spec)
     record.set_status("running")
     try:
-        screener = Screener(store, spec, record, tasks, families, scripted)
+        chosen = families if families is not None else families_named(t.family for t in tasks)
+        screener = Screener(store, spec, record, tasks, chosen, scripted)
         screened = await screener.run(show_progress, ray=ray, workers=workers)
         report = ScreenReport(tuple(screened), spec.k)
         label = register_trainable(store, spec, record, report, register_as)

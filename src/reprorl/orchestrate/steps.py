@@ -9,23 +9,22 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from reprorl.algos import (
-    PPOEWMA,
     Correction,
     DrGRPOAdvantage,
     GRPOAdvantage,
     Loss,
+    LossShared,
     MaskedIS,
     NoCorrection,
-    PPOClip,
-    Reinforce,
     RLOOAdvantage,
     TruncatedIS,
+    build_loss,
 )
 from reprorl.config.spec import LearningSpec
 from reprorl.rollout.scoring import counted
@@ -57,45 +56,17 @@ def correction_of(learning: LearningSpec) -> Correction:
     return (MaskedIS if learning.correction == "mis" else TruncatedIS)(learning.tis_cap)
 
 
-def _ppo(kind: type[PPOClip]) -> Callable[[LearningSpec], Loss]:
-    def build(learning: LearningSpec) -> Loss:
-        return kind(
-            learning.clip_low,
-            learning.clip_high,
-            correction_of(learning),
-            learning.kl.coef,
-            _estimator(learning),
-        )
-
-    return build
-
-
-def _estimator(learning: LearningSpec) -> str:
-    # "off" comes with coef 0 (the spec refuses anything else), where no estimator is computed.
-    return "k2" if learning.kl.estimator == "off" else learning.kl.estimator
-
-
-def _reinforce(learning: LearningSpec) -> Loss:
-    return Reinforce(correction_of(learning), learning.kl.coef, _estimator(learning))
-
-
-# Each objective `learning.loss` names, by the name the loss itself carries (checked below).
-LOSSES: dict[str, Callable[[LearningSpec], Loss]] = {
-    PPOClip.name: _ppo(PPOClip),
-    PPOEWMA.name: _ppo(PPOEWMA),
-    Reinforce.name: _reinforce,
-}
-
-
 def make_loss(learning: LearningSpec) -> Loss:
-    """The spec's objective: PPO clip against the pre-update weights or their EWMA, or REINFORCE."""
-    try:
-        build = LOSSES[learning.loss]
-    except KeyError:
-        raise ValueError(f"learning.loss: no loss {learning.loss!r}; losses: {', '.join(LOSSES)}") from None
-    loss = build(learning)
-    assert loss.name == learning.loss, f"learning.loss {learning.loss!r} built {loss.name!r}"
-    return loss
+    """The objective `learning.loss` selects, with the spec's importance correction and KL penalty."""
+    # "off" comes with coef 0 (the spec refuses anything else), where no estimator is computed.
+    estimator = "k2" if learning.kl.estimator == "off" else learning.kl.estimator
+    return build_loss(learning.loss, LossShared(correction_of(learning), learning.kl.coef, estimator))
+
+
+def ewma_of(loss: Loss, trainer: LocalTrainer) -> EWMAWeights | None:
+    """The moving average of the weights that gives a loss its proximal policy, where it asks for one."""
+    decay = getattr(loss, "ewma_decay", None)
+    return EWMAWeights(trainer.params, float(decay)) if decay is not None else None
 
 
 def group_data(

@@ -24,8 +24,9 @@ from reprorl.orchestrate.policies import chat_template_text, load_run_base
 from reprorl.orchestrate.preflight import check_run_leakage, record_leakage
 from reprorl.orchestrate.schedule_replay import RecordedSchedule
 from reprorl.orchestrate.setup import build_trainer
+from reprorl.orchestrate.steps import ewma_of, make_loss
 from reprorl.store import RunRecord, Store
-from reprorl.trainer import EWMAWeights, LocalTrainer
+from reprorl.trainer import LocalTrainer
 
 
 def loop_class(spec: RunSpec, ray: str | None) -> type[TrainLoop]:
@@ -62,11 +63,7 @@ async def train_run(
     try:
         loaded = load_run_base(store, spec)
         trainer = build_trainer(store, loaded, spec)
-        ewma = (
-            EWMAWeights(trainer.params, spec.learning.ewma_decay)
-            if spec.learning.loss == "ppo_ewma"
-            else None
-        )
+        ewma = ewma_of(make_loss(spec.learning), trainer)
         loop = loop_class(spec, ray)(store, spec, record, loaded, trainer, ewma)
         if isinstance(loop, AsyncTrainLoop):
             loop.ray = ray
@@ -86,7 +83,7 @@ async def train_run(
             # hundreds of updates (β2 = 0.999).
             trainer.reset_optimizer()
             if ewma is not None:
-                ewma = loop.ewma = EWMAWeights(trainer.params, spec.learning.ewma_decay)
+                ewma = loop.ewma = ewma_of(loop.loss, trainer)
             loop.save(0)
         await loop.run(start, show_progress=show_progress)
         if loop.stopped is None:
@@ -128,7 +125,7 @@ def finish(store: Store, spec: RunSpec, record: RunRecord, trainer: LocalTrainer
         "base_model": trainer.base_hash,
         "adapter": adapter.model_dump(mode="json"),
         "lr": spec.learning.lr,
-        "loss": spec.learning.loss,
+        "loss": spec.learning.loss.kind,
         "train_taskset": store.resolve(str(spec.data.train)).hash,
         "step": spec.learning.steps,
         "run_id": record.run_id,

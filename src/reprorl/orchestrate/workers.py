@@ -88,10 +88,12 @@ class RolloutWorker:
         spec: dict[str, Any],
         run_id: str,
         threads: int | None = None,
+        families: Sequence[str] = (),
     ) -> None:
         if threads is not None:
             torch.set_num_threads(threads)
         self.home, self.db_url, self.spec_data, self.run_id = home, db_url, spec, run_id
+        self.families = tuple(families)  # the driver's: the env families of the run's tasks
         self.versions: PolicyVersions | None = None
         self.runner: RolloutRunner | None = None
 
@@ -111,7 +113,8 @@ class RolloutWorker:
         version = self.versions.publish(index, tensors)
         if self.runner is None:
             opened = OpenedPolicy(self.loaded, version.sampler, self.renderer, version.provenance)
-            self.runner = await runner_for(opened, self.spec, self.run_id, Path(self.home)).__aenter__()
+            runner = runner_for(opened, self.spec, self.run_id, Path(self.home), families=self.families)
+            self.runner = await runner.__aenter__()
         return version.version
 
     async def run(self, index: int, jobs: list[RolloutJob]) -> RolloutResult:
@@ -290,7 +293,12 @@ async def start_ray_workers(
     names = [f"rollout-{run_id}-{i}" for i in range(count)]
     actors: list[Any] = [
         actor.options(name=name).remote(
-            str(store.root), store._db_url, spec.model_dump(mode="json"), run_id, torch.get_num_threads()
+            str(store.root),
+            store._db_url,
+            spec.model_dump(mode="json"),
+            run_id,
+            torch.get_num_threads(),
+            sorted(runner.families),
         )
         for name in names
     ]

@@ -9,7 +9,7 @@ deliberately imperfect — answering at once, without the tools — so that RL h
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from reprorl.actions import OPEN
@@ -20,7 +20,7 @@ from reprorl.policy.chat import ChatRenderer
 from reprorl.policy.sampling import Sample, SampleRequest, stop_token_ids
 from reprorl.rewards import VerifierRunner
 from reprorl.rollout.episode import EpisodeIds, EpisodeLimits, PolicyOutput, Provenance, Script, run_episode
-from reprorl.rollout.families import FAMILIES, Family
+from reprorl.rollout.families import Family, families_named
 from reprorl.rollout.model_policy import ModelPolicy
 from reprorl.types import Message, SamplingParams, Task, Trajectory
 
@@ -74,7 +74,7 @@ async def collect_demonstrations(
     run_id: str,
     seed: int,
     imperfect_fraction: float = 0.0,
-    families: dict[str, Family] = FAMILIES,
+    families: Mapping[str, Family] | None = None,
     env_config: EnvConfig | None = None,
     provenance: Provenance | None = None,
     limits: EpisodeLimits | None = None,
@@ -82,6 +82,8 @@ async def collect_demonstrations(
     """One demonstration per task, run in real sandboxes and scored by the family's verifier."""
     rng = random.Random(derive_seed(seed, "imperfect-demos"))
     imperfect = set(rng.sample(range(len(tasks)), round(imperfect_fraction * len(tasks))))
+    if families is None:  # the registered families the tasks name, each loaded once
+        families = families_named(t.family for t in tasks)
     modules = sorted({m for f in families.values() for m in f.tool_modules})
     out: list[Trajectory] = []
     async with SandboxPool(modules) as sandboxes, VerifierRunner() as verifiers:

@@ -35,6 +35,14 @@ def _shared_prefix(ids: torch.Tensor) -> int:
     return int(differs.long().argmax()) if bool(differs.any()) else ids.shape[1]
 
 
+def _token_weight(data: Sequence[Datum]) -> float:
+    return float(sum(sum(d.mask[1:]) for d in data))
+
+
+def _sequence_weight(data: Sequence[Datum]) -> float:
+    return float(sum(any(d.mask[1:]) for d in data))
+
+
 class AdamParams(BaseModel):
     """One optimizer step's settings; the learning rate may change every step (a schedule)."""
 
@@ -186,21 +194,25 @@ class LocalTrainer:
         return logprobs, collated.batch, total
 
     def forward_backward(self, data: Sequence[Datum], loss: Loss) -> dict[str, float]:
-        """Accumulate the gradient of `loss` over `data`; every learned token weighs the same."""
+        """Accumulate the gradient of `loss` over `data`, averaged as the loss says (`loss.mean`):
+        split into micro-batches, each one's loss is weighted by its share of the batch's learned
+        tokens, or of its sequences that have one, so the sum is the loss of the whole batch."""
         if not data:
             raise ValueError("forward_backward needs at least one datum")
         self.model.train()
         total = sum(sum(d.mask[1:]) for d in data)
         if total <= 0:
             raise ValueError("the batch has no tokens to learn from (every mask is 0)")
+        weight = _token_weight if loss.mean == "token" else _sequence_weight
+        whole = weight(data)
         metrics: dict[str, float] = {}
         entropy_sum = 0.0
         for start in range(0, len(data), self.micro_batch):
             chunk = data[start : start + self.micro_batch]
-            logprobs, batch, entropy = self._logprobs(chunk, entropy=True)
-            share = sum(sum(d.mask[1:]) for d in chunk) / total
+            share = weight(chunk) / whole
             if share == 0:
                 continue
+            logprobs, batch, entropy = self._logprobs(chunk, entropy=True)
             entropy_sum += entropy
             out = loss(logprobs, batch)
             (out.loss * share).backward()  # type: ignore[no-untyped-call]

@@ -35,13 +35,11 @@ noise = { timeout_p = 0.1 }
 
 [learning]
 owner = "rl-team@example.com"
-loss = "ppo_clip"
+loss = { kind = "ppo_clip", clip_low = 0.2, clip_high = 0.28 }
 lr = 5e-5
 steps = 10
 group_size = 4
 top_p = 1.0
-clip_low = 0.2
-clip_high = 0.28
 kl = { estimator = "k3", coef = 0.01 }
 
 [evaluation]
@@ -192,7 +190,7 @@ CASES: list[Case] = [
     case("steps-zero", edit(("steps = 10", "steps = 0")), "learning.steps"),
     case("group-size-one", edit(("group_size = 4", "group_size = 1")), "learning.group_size"),
     case("top-p-above-one", edit(("top_p = 1.0", "top_p = 1.5")), "learning.top_p"),
-    case("clip-low-one", edit(("clip_low = 0.2", "clip_low = 1.0")), "learning.clip_low"),
+    case("clip-low-one", edit(("clip_low = 0.2", "clip_low = 1.0")), "learning.loss.clip_low"),
     case(
         "tool-output-chars-zero",
         edit(("tool_output_chars = 2048", "tool_output_chars = 0")),
@@ -208,7 +206,15 @@ CASES: list[Case] = [
     ),
     case("budget-negative", edit(("max_usd = 10.0", "max_usd = -1.0")), "budget.max_usd"),
     case("run-name-empty", edit(('name = "table-test"', 'name = ""')), "name"),
-    case("unknown-loss", edit(('loss = "ppo_clip"', 'loss = "ppo"')), "learning.loss"),
+    case("unknown-loss", edit(('kind = "ppo_clip"', 'kind = "ppo"')), "learning.loss"),
+    case(
+        "loss-field-of-another", edit(('kind = "ppo_clip"', 'kind = "reinforce"')), "learning.loss.clip_low"
+    ),
+    case(
+        "loss-not-a-table",
+        edit(('loss = { kind = "ppo_clip", clip_low = 0.2, clip_high = 0.28 }', "loss = 3")),
+        "learning.loss",
+    ),
     case("unknown-kl-estimator", edit(('estimator = "k3"', 'estimator = "k4"')), "learning.kl.estimator"),
     case(
         "unknown-rollback-when",
@@ -223,7 +229,7 @@ CASES: list[Case] = [
     case("adapter-kind-empty", edit(('kind = "lora", ', 'kind = "", ')), "model.adapter"),
     # -- NaN and infinity -----------------------------------------------------------------------
     case("lr-nan", edit(("lr = 5e-5", "lr = nan")), "learning.lr"),
-    case("clip-high-inf", edit(("clip_high = 0.28", "clip_high = inf")), "learning.clip_high"),
+    case("clip-high-inf", edit(("clip_high = 0.28", "clip_high = inf")), "learning.loss.clip_high"),
     case("noise-minus-inf", edit(("timeout_p = 0.1", "timeout_p = -inf")), "data.noise.timeout_p"),
     case("threshold-nan", edit(("success = 0.5 }", "success = nan }")), "evaluation.thresholds.success"),
     case(

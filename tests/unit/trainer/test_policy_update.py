@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from reprorl.algos import NoCorrection, PPOClip
+from reprorl.algos import GSPO, NoCorrection, PPOClip
 from reprorl.config.spec import LearningSpec
 from reprorl.orchestrate.steps import group_data, learning_rate
 from reprorl.policy import tiny_model
@@ -96,3 +96,31 @@ def test_a_ppo_step_raises_the_rewarded_sequence_and_lowers_the_other() -> None:
     assert float(after[0][2:].sum()) > float(before[0][2:].sum())
     assert float(after[1][2:].sum()) < float(before[1][2:].sum())
     assert any(not torch.equal(a, b) for a, b in zip(weights, trainer.params, strict=True))
+
+
+def _gradients(data: list[Datum], loss: object, micro_batch: int) -> list[torch.Tensor]:
+    model = tiny_model(0)
+    trainer = LocalTrainer(model.model, model.tokenizer, base_hash=model.base_hash, micro_batch=micro_batch)
+    trainer.forward_backward(data, loss)  # type: ignore[arg-type]
+    return [p.grad.clone() for p in trainer.params if p.grad is not None]
+
+
+def test_micro_batches_are_weighted_as_the_loss_averages() -> None:
+    """Split one sequence per micro-batch, a sequence-level loss gets the gradient of the whole batch:
+    each micro-batch is weighted by its share of the sequences, not of the tokens."""
+    prompt = (5, 6, 7)
+    data = [
+        Datum((*prompt, 20), (0, 0, 0, 1), (0.0,) * 4, advantage=1.0),
+        Datum((*prompt, 30, 31, 32, 33, 34), (0, 0, 0, 1, 1, 1, 1, 1), (0.0,) * 8, advantage=-1.0),
+        Datum((*prompt, 40, 41), (0, 0, 0, 1, 1), (0.0,) * 5, advantage=0.5),
+    ]
+    for loss in (GSPO(1e-3, 1e-3, NoCorrection()), PPOClip(correction=NoCorrection())):
+        whole, split = _gradients(data, loss, 8), _gradients(data, loss, 1)
+        assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(whole, split, strict=True))
+
+    class TokenWeightedGSPO(GSPO):
+        mean = "token"  # what the trainer did to every loss before losses said how they average
+
+    wrong = _gradients(data, TokenWeightedGSPO(1e-3, 1e-3, NoCorrection()), 1)
+    whole = _gradients(data, GSPO(1e-3, 1e-3, NoCorrection()), 8)
+    assert not all(torch.allclose(a, b, atol=1e-6) for a, b in zip(whole, wrong, strict=True))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import os
 from collections.abc import Generator, Sequence
 from pathlib import Path
@@ -40,6 +41,21 @@ DEFAULT_UID_BASE = 2_000_000
 DEFAULT_MAX_SANDBOXES = 4096
 
 
+def module_roots(modules: Sequence[str]) -> list[str]:
+    """The import roots this process finds `modules` under (for `a.b.c` in `/r/a/b/c.py`, `/r`)."""
+    roots: list[str] = []
+    for name in modules:
+        try:
+            found = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue  # the zygote fails to import it and says so, naming the module
+        if found is None or not found.has_location or not found.origin:
+            continue
+        depth = name.count(".") + (found.submodule_search_locations is not None)
+        roots.append(str(Path(found.origin).resolve().parents[depth]))
+    return roots
+
+
 class SandboxPool:
     """Opens sandboxes that run functions of `modules`, forked from one pre-imported zygote."""
 
@@ -61,7 +77,9 @@ class SandboxPool:
         """
         Args:
             modules: Tool modules the zygote imports once; only their functions can be called.
-            sys_path: Extra import paths for those modules (absolute; made absolute if not).
+            sys_path: Extra import paths for those modules (absolute; made absolute if not). The
+                folders this process finds the modules under are added anyway, so a module is
+                found wherever it is installed (a script's folder, site-packages, a checkout).
             root: Where sandbox directories live (default `$REPRORL_SANDBOX_ROOT`, else
                 `/tmp/reprorl-sandboxes`); every directory above it must be traversable by others.
             limits: Default limits of each sandbox; `open(limits=...)` overrides them per sandbox.
@@ -75,7 +93,8 @@ class SandboxPool:
             uid_lock_dir: Where uid slot locks live; shared by every pool on the machine.
         """
         self.modules = tuple(modules)
-        self.sys_path = tuple(str(Path(p).resolve()) for p in sys_path)
+        given = [str(Path(p).resolve()) for p in sys_path]
+        self.sys_path = tuple(dict.fromkeys([*given, *module_roots(self.modules)]))
         self.root = Path(root) if root is not None else default_root()
         self.limits = limits or SandboxLimits()
         self.network = network

@@ -1,0 +1,58 @@
+"""How a loss becomes selectable by name: `@register_loss(Config)` on the function that builds it.
+
+A loss file declares its config (a `LossConfig` whose `kind` default is the loss's name, with the
+loss's own fields) and a builder taking that config and what every policy-gradient loss shares
+(`LossShared`: the importance correction of sampler tokens and the KL penalty). Decorating the
+builder registers both, so `learning.loss = { kind = "<name>", ... }` selects it; an installed
+package offers its loss through the entry-point group `reprorl.losses` pointing at that builder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from reprorl.algos.base import Loss
+from reprorl.algos.importance import Correction, TruncatedIS
+from reprorl.config.loss import LOSSES, LossConfig, LossEntry
+
+C = TypeVar("C", bound=LossConfig)
+
+
+@dataclass(frozen=True)
+class LossShared:
+    """What every policy-gradient loss is built with besides its own config."""
+
+    # Of the sampler's tokens toward π_prox (`learning.correction`).
+    correction: Correction = field(default_factory=lambda: TruncatedIS(2.0))
+    kl_coef: float = 0.0  # β of the KL penalty to the reference (`learning.kl.coef`)
+    kl_estimator: str = "k2"  # its estimator (`learning.kl.estimator`)
+
+
+Builder = Callable[[C, LossShared], Loss]
+
+
+def register_loss(config: type[C]) -> Callable[[Builder[C]], Builder[C]]:
+    """Register the decorated builder as the loss `config`'s `kind` default names."""
+    kind = config.model_fields["kind"].default
+    if not isinstance(kind, str) or not kind:
+        raise TypeError(f"{config.__name__}.kind needs a default: the loss's name, e.g. Literal['gspo']")
+
+    def decorate(build: Builder[C]) -> Builder[C]:
+        entry = LossEntry(kind, config, build)
+        LOSSES.add(kind, entry, module=build.__module__)
+        build.__reprorl_loss__ = entry  # type: ignore[attr-defined]  # what an entry point finds
+        return build
+
+    return decorate
+
+
+def build_loss(config: LossConfig, shared: LossShared) -> Loss:
+    """The loss `config` selects, built with its own fields and `shared`."""
+    loss: Loss = LOSSES[config.kind].build(config, shared)
+    if loss.name != config.kind:
+        raise TypeError(f"the loss registered as {config.kind!r} built one named {loss.name!r}")
+    if getattr(loss, "mean", None) not in ("token", "sequence"):
+        raise TypeError(f"loss {config.kind!r} must say how it averages: mean = 'token' or 'sequence'")
+    return loss

@@ -1,0 +1,22 @@
+"""What every spec section shares: frozen, strict about keys, and owned by someone."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Owner = Annotated[
+    str,
+    Field(
+        min_length=1,
+        pattern=r"\S",
+        description="Who answers for this decision (a person or team), e.g. 'alice@example.com'.",
+    ),
+]
+
+
+class SpecModel(BaseModel):
+    """Base of every spec section: frozen, strict about keys."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)

@@ -60,9 +60,9 @@ import torch
 from reprorl.config import LoraAdapter, load_spec, resolve_spec
 from reprorl.config.load import read_toml
 from reprorl.envs.families import calculator
-from reprorl.orchestrate.sample import load_taskset
-from reprorl.orchestrate.train import train_run
-from reprorl.orchestrate.warm_start import sft_warm_start
+from reprorl.orchestrate.jobs.train import train_run
+from reprorl.orchestrate.run.rollouts import load_taskset
+from reprorl.orchestrate.run.warm_start import sft_warm_start
 from reprorl.policy import load_base
 from reprorl.policy.gguf import bundled_gguf
 from reprorl.store import RunRecord, Store

@@ -27,8 +27,8 @@ from typing import Any
 from reprorl.config import load_spec, resolve_spec
 from reprorl.envs.families import calculator, files, sql
 from reprorl.evaluation import intervals_overlap
-from reprorl.orchestrate.outcome import eval_outcomes
-from reprorl.orchestrate.train import train_run
+from reprorl.orchestrate.jobs.train import train_run
+from reprorl.orchestrate.run.outcome import eval_outcomes
 from reprorl.policy.gguf import bundled_gguf
 from reprorl.store import RunRecord, Store
 from reprorl.types import Split, TaskSet

@@ -19,9 +19,9 @@ from importlib import resources
 from pathlib import Path
 
 from reprorl.config import RunSpec, resolve_spec
-from reprorl.orchestrate.replay import Replayer
-from reprorl.orchestrate.sample import sample_run
-from reprorl.orchestrate.warm_start import sft_warm_start
+from reprorl.orchestrate.jobs.replay import Replayer
+from reprorl.orchestrate.jobs.sample import sample_run
+from reprorl.orchestrate.run.warm_start import sft_warm_start
 from reprorl.policy import load_base
 from reprorl.policy.gguf import bundled_gguf
 from reprorl.store import Store

@@ -25,7 +25,7 @@ from reprorl.envs.sandbox.context import ToolContext
 from reprorl.errors import UserInputError
 from reprorl.rewards import FinalState, Verifier, VerifierRunner
 from reprorl.rollout import EpisodeIds, Family, ScriptedPolicy, run_episode
-from reprorl.rollout.families import family, register_family
+from reprorl.rollout.families import family
 from reprorl.store import Store, find_run
 from reprorl.types import Message, Permission, Role, Split, Task, TaskSet, Trajectory
 
@@ -39,8 +39,10 @@ _LAZY = {
     "masked_mean": "reprorl.algos",
     "sequence_mean": "reprorl.algos",
     "sequence_means": "reprorl.algos",
-    "train_run": "reprorl.orchestrate.train",
-    "replay": "reprorl.orchestrate.replay",
+    "train_run": "reprorl.orchestrate.jobs.train",
+    "replay": "reprorl.orchestrate.jobs.replay",
+    "RolloutStore": "reprorl.store.rollout_query",
+    "HttpSampler": "reprorl.policy.http",
 }
 
 
@@ -78,7 +80,6 @@ __all__ = [  # noqa: RUF022 -- grouped by the story each name serves
     "Verifier",
     "family",
     "generate_splits",
-    "register_family",
     "render_call",
     "tool",
     "workspace_path",
@@ -93,6 +94,8 @@ __all__ = [  # noqa: RUF022 -- grouped by the story each name serves
     "sequence_means",
     # Run a spec, and look at what it recorded.
     "EpisodeIds",
+    "HttpSampler",
+    "RolloutStore",
     "RunSpec",
     "SandboxPool",
     "ScriptedPolicy",

@@ -11,6 +11,7 @@ on first use, which keeps the registry below the layers whose parts it holds.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -68,6 +69,30 @@ class Registry(Mapping[str, T], Generic[T]):
             self._parts[name] = part
             self._origins.setdefault(name, Origin(module or _module_of(part)))
         return part
+
+    @contextlib.contextmanager
+    def override(self, name: str, part: T) -> Iterator[T]:
+        """`name` stands for `part` inside the block (a test's planted variant), as before after it."""
+        if name in self.names():
+            _ = self[name]  # load what it replaces, so that it comes back after the block
+        with self._lock:
+            held, origin = self._parts.get(name), self._origins.get(name)
+            self._parts[name], self._origins[name] = part, Origin(_module_of(part))
+        try:
+            yield part
+        finally:
+            with self._lock:
+                if held is None or origin is None:
+                    self._parts.pop(name, None)
+                    self._origins.pop(name, None)
+                else:
+                    self._parts[name], self._origins[name] = held, origin
+
+    def remove(self, name: str) -> None:
+        """Forget `name` (an uninstalled plug-in); its entry point, if still installed, loads again."""
+        with self._lock:
+            self._parts.pop(name, None)
+            self._origins.pop(name, None)
 
     # -- looking up ----------------------------------------------------------------------------
 

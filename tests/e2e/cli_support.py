@@ -37,6 +37,46 @@ class Cli:
         return lines[0]
 
 
+TINY_SECTIONS: dict[str, dict[str, Any]] = {
+    "model": {
+        "owner": "t@x",
+        "base": "tiny",
+        "adapter": {"kind": "lora", "rank": 4, "alpha": 8.0, "targets": ["q_proj", "v_proj"]},
+    },
+    # The tiny model never answers right; a component that varies gives its groups a signal.
+    "data": {"owner": "t@x", "train": "calc-train", "reward_weights": {"outcome": 1.0, "valid_calls": 1.0}},
+    "learning": {
+        "owner": "t@x",
+        "steps": 2,
+        "lr": 1e-3,
+        "group_size": 2,
+        "tasks_per_step": 2,
+        "max_tokens": 12,
+        "max_turns": 2,
+        "drop_zero_variance_groups": False,
+    },
+    "evaluation": {"owner": "t@x", "suites": ["calc-eval"], "every_steps": 10},
+}
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+def tiny_spec(name: str, seed: int = 0, **changes: dict[str, Any]) -> str:
+    """A run spec for the tiny model on the calculator sets (`tiny_training_store`), as TOML; each
+    keyword is a section whose fields replace or add to the defaults (`learning={"steps": 4}`)."""
+    lines = [f"name = {json.dumps(name)}", f"seed = {seed}"]
+    for section, fields in TINY_SECTIONS.items():
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {toml_value(v)}" for k, v in {**fields, **changes.get(section, {})}.items()]
+    return "\n".join(lines) + "\n"
+
+
 def tiny_training_store(tmp_path: Path) -> Store:
     """A store at `tmp_path/home` with the tiny model (`tiny`) and the calculator train and eval sets."""
     model = tiny_model(0)

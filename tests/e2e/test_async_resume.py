@@ -16,9 +16,9 @@ import pytest
 from cli_support import run_ids, tiny_home
 
 from reprorl.config import RunSpec
-from reprorl.orchestrate.checkpoint import latest_checkpoint
-from reprorl.orchestrate.reproduce import result_figures
-from reprorl.orchestrate.schedule_replay import ScheduleError, read_schedule
+from reprorl.orchestrate.jobs.reproduce import result_figures
+from reprorl.orchestrate.pipeline.timing import ScheduleError, read_schedule
+from reprorl.orchestrate.run.checkpoint import latest_checkpoint
 from reprorl.store import RunRecord, Store
 from reprorl.store.rollout_query import RolloutStore
 
@@ -38,8 +38,7 @@ train = "calc-train"
 reward_weights = {{ outcome = 1.0, valid_calls = 1.0 }}
 [learning]
 owner = "t@x"
-mode = "async"
-max_staleness = 2
+pipeline = {{ max_staleness = 2 }}
 steps = {STEPS}
 lr = 1e-3
 group_size = {GROUP}
@@ -72,7 +71,7 @@ def _start(home: Path, *args: str) -> subprocess.Popen[bytes]:
 
 def _buffered(state: dict[str, Any]) -> list[dict[str, Any]]:
     """The sampled, untrained work a checkpoint's queue holds: batches, or finished groups."""
-    if state.get("assembly") == "arrival":
+    if "started" in state:
         return [g for g in state["started"] if g["part"] is not None]
     return list(state["buffered"])
 
@@ -139,7 +138,10 @@ def test_a_killed_arrival_run_keeps_every_finished_group_and_trains_each_once(tm
     version; after SIGKILL the resume reads the finished ones back (counted), samples only the
     others again, and every planned group is trained exactly once."""
     (tmp_path / "spec.toml").write_text(
-        SPEC.replace('mode = "async"', 'mode = "async"\nassembly = "arrival"\nlockstep = "arrival"')
+        SPEC.replace(
+            "pipeline = { max_staleness = 2 }",
+            'pipeline = { max_staleness = 2, source = "arrival", lockstep = "ready" }',
+        )
     )
     home = tiny_home(tmp_path, "killed")
     states = _kill_at_buffered_checkpoints(home, tmp_path / "spec.toml", kills=2)

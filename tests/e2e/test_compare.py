@@ -9,7 +9,7 @@ import pytest
 from cli_support import tiny_training_store
 
 from reprorl.cli.main import main
-from reprorl.orchestrate.sample import load_taskset
+from reprorl.orchestrate.run.rollouts import load_taskset
 from reprorl.types import TaskSet
 
 SPEC = """

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from reprorl.cli.main import main
 from reprorl.config import RunSpec
 from reprorl.config.load import stored_spec
-from reprorl.orchestrate.effective import EFFECTIVE_FILE, LABELS, disagreements
+from reprorl.orchestrate.run.effective import EFFECTIVE_FILE, LABELS, disagreements
 from reprorl.policy import save_model, tiny_model
 from reprorl.policy.tiny_tokenizer import CHAT_TEMPLATE
 from reprorl.store import RunRecord, Store
@@ -114,7 +114,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "learning.max_turns": 2,
         "learning.episode_wall_s": 60.0,
         "learning.rollout_concurrency": 4,
-        "learning.lockstep": "group",
+        "learning.pipeline.lockstep": "group",
         "learning.drop_zero_variance_groups": True,
         "learning.sft_steps": 1,
         "learning.sft_lr": 2e-3,
@@ -145,10 +145,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
             "targets": ["k_proj", "q_proj"],
         },
         "learning.loss": {"kind": "ppo_ewma", "ewma_decay": 0.8, "clip_low": 0.1, "clip_high": 0.2},
-        "learning.mode": "async",
-        "learning.max_staleness": 1,
-        "learning.assembly": "arrival",
-        "learning.rollout_workers": 2,
+        "learning.pipeline.max_staleness": 1,
+        "learning.pipeline.source": "arrival",
+        "learning.pipeline.workers": 2,
     },
     "full": {
         "model.base": "tiny-b",
@@ -272,7 +271,7 @@ def test_each_changed_field_takes_effect_and_the_record_says_so(
 
 
 def _leaf_values(spec: RunSpec) -> dict[str, Any]:
-    from reprorl.orchestrate.effective import spec_fields
+    from reprorl.orchestrate.run.effective import spec_fields
 
     return spec_fields(spec)
 

@@ -3,6 +3,7 @@ and the code, package and hardware conditions read from run records."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import json
@@ -21,7 +22,7 @@ from reprorl.cli.main import main
 from reprorl.config import RunSpec
 from reprorl.envs.families.calculator import CalculatorEnv, calc
 from reprorl.hashing import content_hash, module_fingerprint
-from reprorl.orchestrate.sample import load_taskset
+from reprorl.orchestrate.run.rollouts import load_taskset
 from reprorl.policy import save_model, tiny_model
 from reprorl.rewards.base import Verifier
 from reprorl.rewards.verifiers.numeric import NumericAnswer
@@ -105,6 +106,8 @@ def planted_family(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
         (tmp_path / revision).mkdir()
         (tmp_path / revision / "planted_tools.py").write_text(TOOL_MODULE.format(body=body))
 
+    planted = contextlib.ExitStack()
+
     def install(revision: str = "v1", verifier: Verifier | None = None) -> None:
         module = _load_module("planted_tools", tmp_path / revision / "planted_tools.py", monkeypatch)
         env = type("PlantedCalculatorEnv", (CalculatorEnv,), {"tools": (calc, module.ask_human)})
@@ -117,9 +120,10 @@ def planted_family(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
             builtin.oracle,
             builtin.tool_modules,
         )
-        monkeypatch.setitem(FAMILIES, "calculator", family)
+        planted.enter_context(FAMILIES.override("calculator", family))
 
-    yield install
+    with planted:
+        yield install
     module_fingerprint.cache_clear()  # forget the planted module's revisions
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from reprorl.actions import render_call
 from reprorl.envs.sandbox import SandboxPool
-from reprorl.orchestrate.integrity import trajectory_signature
+from reprorl.orchestrate.run.integrity import trajectory_signature
 from reprorl.rewards import VerifierRunner
 from reprorl.rollout import FAMILIES, EpisodeIds, ScriptedPolicy, run_episode
 from reprorl.types import Message, Split, Task, Termination, ToolOutcome, Trajectory

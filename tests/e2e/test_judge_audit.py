@@ -19,17 +19,14 @@ from reprorl.errors import UserInputError
 from reprorl.evaluation.judge import Judge, JudgeConfig
 from reprorl.evaluation.stats import proportion_ci
 from reprorl.hashing import content_hash
-from reprorl.orchestrate.judge_audit import (
-    ARTIFACT,
+from reprorl.orchestrate.jobs.judge_audit import (
     INJECTION,
-    OVERRIDE_EVENT,
-    ROBUST_EVENT,
     JudgeAudit,
     audit_judge,
     record_judge_audit,
-    require_robust_judge,
     wrong_answer,
 )
+from reprorl.orchestrate.run.judge_gate import ARTIFACT, OVERRIDE_EVENT, ROBUST_EVENT, require_robust_judge
 from reprorl.rewards.audit import PROBES
 from reprorl.rollout.families import FAMILIES
 from reprorl.rollout.reward_audit import audit_tasks

@@ -12,7 +12,7 @@ from cli_support import Cli, run_ids, tiny_training_store
 from judge_server import Prompt, app, serve, verdict
 from reprorl.evaluation.judge import final_answer, read_scores, task_text
 from reprorl.evaluation.labels import import_labels
-from reprorl.orchestrate.judge_run import run_tasks
+from reprorl.orchestrate.jobs.judge_run import run_tasks
 from reprorl.store import RunRecord
 from reprorl.store.rollout_query import RolloutStore
 

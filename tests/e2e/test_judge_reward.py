@@ -13,7 +13,7 @@ from cli_support import Cli, run_ids, tiny_training_store
 from judge_server import Prompt, app, serve, verdict
 from reprorl.config.judge import DEFAULT_RUBRIC, JudgeReward, judge_id
 from reprorl.evaluation.judge import final_answer
-from reprorl.orchestrate.judge_audit import OVERRIDE_EVENT, ROBUST_EVENT
+from reprorl.orchestrate.run.judge_gate import OVERRIDE_EVENT, ROBUST_EVENT
 from reprorl.store import RunRecord, Store
 from reprorl.store.rollout_query import RolloutStore
 from reprorl.types import Termination
@@ -40,7 +40,7 @@ completion_usd_per_mtok = 10.0
 {override}
 [learning]
 owner = "t@x"
-mode = "{mode}"
+pipeline = {{ max_staleness = {staleness} }}
 steps = 2
 lr = 1e-3
 group_size = 3
@@ -81,10 +81,10 @@ def judge_server() -> Iterator[tuple[str, Counted]]:
 
 
 def write_spec(
-    path: Path, url: str, *, override: str = "", mode: str = "sync", model: str = "length"
+    path: Path, url: str, *, override: str = "", staleness: int = 0, model: str = "length"
 ) -> Path:
     line = f'override = "{override}"' if override else ""
-    path.write_text(SPEC.format(url=url, model=model, override=line, mode=mode))
+    path.write_text(SPEC.format(url=url, model=model, override=line, staleness=staleness))
     return path
 
 
@@ -173,7 +173,7 @@ def test_an_audited_judge_trains_in_the_async_loop(
     # A threshold above its fooled rate lets the judge through: the gate reads the audit's verdict.
     code, out, err = audit_judge(cli, tmp_path, url, "length-async", "--judge-threshold", "0.99")
     assert code == 0 and "PASS length-async@" in " ".join(out.split()), (out, err)
-    spec = write_spec(tmp_path / "spec.toml", url, mode="async", model="length-async")
+    spec = write_spec(tmp_path / "spec.toml", url, staleness=1, model="length-async")
     code, out, err = cli("run", str(spec))
     assert code == 0, err
     (run_id,) = run_ids(home)

@@ -15,9 +15,9 @@ import pytest
 from cli_support import Cli, run_ids, tiny_training_store
 
 from reprorl.config import RunSpec, load_spec, resolve_spec
-from reprorl.orchestrate.reproduce import result_figures
-from reprorl.orchestrate.train import train_run
-from reprorl.orchestrate.workers import RayBatches
+from reprorl.orchestrate.jobs.reproduce import result_figures
+from reprorl.orchestrate.jobs.train import train_run
+from reprorl.orchestrate.pipeline.ray_workers import RayBatches
 from reprorl.store import RunRecord, Store
 from reprorl.store.rollout_query import RolloutStore
 from reprorl.types import Termination
@@ -39,9 +39,7 @@ train = "calc-train"
 reward_weights = {{ outcome = 1.0, valid_calls = 1.0 }}
 [learning]
 owner = "t@x"
-mode = "async"
-max_staleness = 1
-rollout_workers = 2
+pipeline = {{ max_staleness = 1, workers = 2 }}
 steps = 3
 lr = 1e-3
 group_size = {GROUP}
@@ -107,7 +105,7 @@ def test_a_worker_killed_mid_run_is_an_infra_failure_and_the_run_goes_on(
         store,
         tmp_path,
         "learning.steps=4",
-        "learning.max_staleness=2",
+        "learning.pipeline.max_staleness=2",
         "learning.tasks_per_step=8",
         "learning.group_size=4",
         "learning.max_tokens=48",
@@ -157,8 +155,8 @@ def test_a_worker_killed_mid_run_is_an_infra_failure_and_the_run_goes_on(
 
 
 def test_a_trainer_actor_that_dies_fails_the_run_and_resume_finishes_it(tmp_path: Path) -> None:
-    from reprorl.orchestrate.ray_trainer import train_on_ray
-    from reprorl.orchestrate.train import prepare_run
+    from reprorl.orchestrate.jobs.ray_trainer import train_on_ray
+    from reprorl.orchestrate.jobs.train import prepare_run
 
     store = tiny_training_store(tmp_path)
     spec = _spec(store, tmp_path, "learning.steps=4", "learning.checkpoint_every=1")
@@ -193,7 +191,7 @@ def test_a_trainer_actor_that_dies_fails_the_run_and_resume_finishes_it(tmp_path
 
 def test_a_screen_on_ray_workers_writes_what_one_process_writes(tmp_path: Path) -> None:
     from reprorl.config.screen import ScreenSpec
-    from reprorl.orchestrate.screen import screen
+    from reprorl.orchestrate.jobs.screen import screen
     from reprorl.store.rollouts import find_parts
 
     store = tiny_training_store(tmp_path)

@@ -12,7 +12,6 @@ from reprorl.cli.main import main
 from reprorl.hashing import sha256_hex
 from reprorl.store import RunRecord
 from reprorl.store.atomic import write_atomic
-from reprorl.store.rollout_query import RolloutStore
 from reprorl.store.runs import checksummed_line
 
 SPEC = """
@@ -115,51 +114,3 @@ def test_a_run_recorded_at_another_commit_is_compared_with_a_warning_naming_both
     assert now != then
     assert f"warning: code commit differs: {then} then, {now} now" in out
     assert f"{rerun_id} against {run_id}: reproduced exactly (3 metric lines" in out  # 2 eval points, 1 step
-
-
-def test_an_arrival_order_run_reproduces_exactly_by_following_its_recorded_schedule(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Arrival-order batches and the arrival lockstep let timing decide which version samples each
-    group, which step trains it and which turns share a sampling batch (whose floats depend on it);
-    the rerun follows what the record says of each, and gives back every figure and the weights."""
-    store = tiny_training_store(tmp_path)
-    (tmp_path / "spec.toml").write_text(SPEC)
-    home = ["--home", str(tmp_path / "home")]
-    arrival = [
-        "learning.mode=async",
-        "learning.assembly=arrival",
-        "learning.lockstep=arrival",
-        "learning.max_staleness=2",
-        "learning.steps=4",
-        "learning.sft_steps=1",
-        "evaluation.every_steps=4",
-        # Tool calls that take varying time, so groups finish out of order.
-        "data.noise.latency_s=0.05",
-        "data.noise.latency_sigma=1.0",
-    ]
-    assert main([*home, "run", str(tmp_path / "spec.toml"), *arrival]) == 0
-    (run_id,) = [p.name for p in (tmp_path / "home" / "runs").iterdir() if not p.name.startswith(".")]
-    record = RunRecord(store, run_id)
-    assembled = [e for e in record.events().records if e.get("event") == "batch_assembled"]
-    assert len(assembled) == 4 and max(e["step"] - g["version"] for e in assembled for g in e["groups"]) > 0
-    capsys.readouterr()
-
-    assert main([*home, "reproduce", run_id, "--json"]) == 0
-    result = json.loads(capsys.readouterr().out)
-    assert result["matches"] and result["differences"] == [] and result["timing_dependent"] == []
-    assert result["schedule"]["diverged"] is None
-    followed = result["schedule"]["followed"]
-    batches = {
-        tuple(turn.batch) for t in RolloutStore(record).trajectories() for turn in t.turns if turn.batch
-    }
-    assert (
-        followed
-        == f"{len(batches)} sampling batches as recorded, 8 groups from their recorded versions into 4 steps"
-    )
-    rerun = RunRecord(store, result["rerun"])
-    again = [e for e in rerun.events().records if e.get("event") == "batch_assembled"]
-    assert [e["groups"] for e in again] == [
-        [{**g, "group_id": g["group_id"].replace(run_id, result["rerun"])} for g in e["groups"]]
-        for e in assembled
-    ]

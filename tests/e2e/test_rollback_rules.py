@@ -20,7 +20,7 @@ from reprorl.cli.main import main
 from reprorl.evaluation.guards import required_task_ids
 from reprorl.evaluation.point import EvalPoint
 from reprorl.evaluation.stats import mean_ci
-from reprorl.orchestrate import loop
+from reprorl.orchestrate.pipeline import loop
 from reprorl.store import RunRecord
 from reprorl.types import TaskSet, Termination
 

@@ -14,8 +14,8 @@ import pytest
 from cli_support import Cli
 
 from reprorl.cli.main import main
-from reprorl.orchestrate import replay as replay_module
-from reprorl.orchestrate import replay_policy
+from reprorl.orchestrate.jobs import replay as replay_module
+from reprorl.orchestrate.jobs import replay_policy
 from reprorl.policy import save_model, tiny_model
 from reprorl.store import Store
 

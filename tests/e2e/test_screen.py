@@ -23,7 +23,7 @@ from reprorl.config.screen import ScreenSpec
 from reprorl.envs.common import impossible_variant
 from reprorl.envs.families import files
 from reprorl.hashing import sha256_hex
-from reprorl.orchestrate.screen import ScriptedScreenPolicy, screen
+from reprorl.orchestrate.jobs.screen import ScriptedScreenPolicy, screen
 from reprorl.rollout.episode import Policy, ScriptedPolicy
 from reprorl.rollout.families import FAMILIES
 from reprorl.rollout.runner import RolloutJob

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from cli_support import Cli, run_ids, tiny_training_store
 
-from reprorl.orchestrate.kept_versions import VERSIONS_FILE
+from reprorl.orchestrate.run.kept_versions import VERSIONS_FILE
 from reprorl.store import RunRecord, Store, read_log
 from reprorl.store.rollout_query import RolloutStore
 
@@ -123,7 +123,7 @@ def test_an_async_runs_rollouts_replay_from_the_version_that_sampled_them(
     (tmp_path / "spec.toml").write_text(SPEC.replace("steps = 20", "steps = 4"))
     home = tmp_path / "home"
     cli = Cli(home, capsys)
-    code, _, err = cli("run", str(tmp_path / "spec.toml"), "learning.mode=async", "learning.max_staleness=1")
+    code, _, err = cli("run", str(tmp_path / "spec.toml"), "learning.pipeline.max_staleness=1")
     assert code == 0, err
     (run_id,) = run_ids(home)
     rollouts = RolloutStore(RunRecord(Store(home), run_id))

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from cli_support import run_ids, tiny_home
 
-from reprorl.orchestrate.reproduce import result_figures
+from reprorl.orchestrate.jobs.reproduce import result_figures
 from reprorl.store import RunRecord, Store, read_log
 from reprorl.store.rollout_query import RolloutStore
 

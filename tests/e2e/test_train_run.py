@@ -10,7 +10,7 @@ import torch
 from cli_support import tiny_training_store
 
 from reprorl.cli.main import main
-from reprorl.orchestrate.sample import load_taskset
+from reprorl.orchestrate.run.rollouts import load_taskset
 from reprorl.policy import load_base, tiny_model
 from reprorl.store import RunRecord, Store
 from reprorl.store.rollout_query import RolloutStore

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -44,12 +45,12 @@ every_steps = 10
 
 
 @pytest.fixture
-def planted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def planted(tmp_path: Path) -> Iterator[Path]:
     verifier = HangsOnThreeInFive(str(tmp_path / "ledger"), hang_s=20.0)
     family = dataclasses.replace(FAMILIES["calculator"], verifier=verifier, cross=())
-    monkeypatch.setitem(FAMILIES, "calculator", family)
-    tiny_training_store(tmp_path)
-    return tmp_path / "home"
+    with FAMILIES.override("calculator", family):
+        tiny_training_store(tmp_path)
+        yield tmp_path / "home"
 
 
 def _run(tmp_path: Path, home: Path, limit: str) -> RunRecord:

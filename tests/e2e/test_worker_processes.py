@@ -67,8 +67,9 @@ class ScriptVerifier(NumericAnswer):
 
 
 verifier = ScriptVerifier(scored=sys.argv[1] + ".scored", hang_s=float(sys.argv[4]))
-FAMILIES["calculator"] = dataclasses.replace(FAMILIES["calculator"], verifier=verifier, cross=())
-main(["--home", sys.argv[2], "run", sys.argv[3]])
+planted = dataclasses.replace(FAMILIES["calculator"], verifier=verifier, cross=())
+with FAMILIES.override("calculator", planted):
+    main(["--home", sys.argv[2], "run", sys.argv[3]])
 """
 
 
@@ -151,7 +152,7 @@ def test_a_run_killed_with_sigkill_leaves_no_worker_or_sandbox_process(tmp_path:
     print(f"{len(children)} processes of the killed run; {len(left)} left after SIGKILL")
 
 
-RAY_SPEC = SPEC.replace("steps = 1\n", 'steps = 200\nmode = "async"\nrollout_workers = 2\n')
+RAY_SPEC = SPEC.replace("steps = 1\n", "steps = 200\npipeline = { workers = 2 }\n")
 
 
 def test_a_run_on_its_own_ray_cluster_killed_with_sigkill_leaves_no_ray_process(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from reprorl.audit.facts import Finding, RunFacts, pinned_hash, short, succeeded
 from reprorl.config import LoraAdapter, RunSpec
 from reprorl.config.judge import judge_id
 from reprorl.errors import ReprorlError
-from reprorl.orchestrate.judge_audit import OVERRIDE_EVENT, ROBUST_EVENT
+from reprorl.orchestrate.run.judge_gate import OVERRIDE_EVENT, ROBUST_EVENT
 from reprorl.policy.digest import tree_hash
 from reprorl.types import Split
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from reprorl.audit.facts import Finding, RunFacts, short
 from reprorl.hashing import content_hash
-from reprorl.orchestrate.effective import EFFECTIVE_FILE, LABELS, disagreements
+from reprorl.orchestrate.run.effective import EFFECTIVE_FILE, LABELS, disagreements
 from reprorl.store.documents import json_doc
 
 SHOWN = 8

@@ -14,9 +14,9 @@ from typing import Any
 
 from reprorl.audit.facts import Finding, RunFacts, short
 from reprorl.errors import ReprorlError
-from reprorl.orchestrate.kept_versions import FULL_WHY, VERSIONS_FILE, GoneError, kept_tensors
-from reprorl.orchestrate.replay import Replayer
-from reprorl.orchestrate.replay_policy import TRAINED_KINDS
+from reprorl.orchestrate.jobs.replay import Replayer
+from reprorl.orchestrate.jobs.replay_policy import TRAINED_KINDS
+from reprorl.orchestrate.run.kept_versions import FULL_WHY, VERSIONS_FILE, GoneError, kept_tensors
 
 Row = dict[str, Any]
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from reprorl.errors import ReprorlError
 from reprorl.evaluation.stats import PairedDifference
-from reprorl.orchestrate.compare import compare_runs
+from reprorl.orchestrate.jobs.compare import compare_runs
 from reprorl.store import RunRecord, Store
 from reprorl.store.rollout_query import RolloutStore
 

@@ -29,7 +29,7 @@ from reprorl.rewards.base import Verifier
 
 if TYPE_CHECKING:
     from reprorl.config.judge import JudgeConfig
-    from reprorl.orchestrate.judge_audit import JudgeAudit
+    from reprorl.orchestrate.jobs.judge_audit import JudgeAudit
     from reprorl.rollout.families import Family
 
 EXIT_FAILED = 1
@@ -163,7 +163,7 @@ def _audit_judge(
     as_json: bool,
 ) -> None:
     from reprorl.evaluation.judge import Judge
-    from reprorl.orchestrate.judge_audit import audit_judge, record_judge_audit
+    from reprorl.orchestrate.jobs.judge_audit import audit_judge, record_judge_audit
 
     store = options(ctx).store()
     with Judge(config, store.root / "cache" / "judge") as judge:

@@ -21,7 +21,7 @@ def compare(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Success of RUN_B minus RUN_A on the same suite version: interval and paired p-value."""
-    from reprorl.orchestrate.compare import compare_runs
+    from reprorl.orchestrate.jobs.compare import compare_runs
 
     store = options(ctx).store()
     result = compare_runs(store, find_run(store, run_a), find_run(store, run_b), suite, both=both)

@@ -39,8 +39,8 @@ def demo(
     ),
 ) -> None:
     """Register the bundled model and task sets, then warm-start and train the demo spec and report."""
-    from reprorl.orchestrate.outcome import eval_outcomes
-    from reprorl.orchestrate.train import train_run
+    from reprorl.orchestrate.jobs.train import train_run
+    from reprorl.orchestrate.run.outcome import eval_outcomes
 
     store = options(ctx).store()
     register_defaults(store)

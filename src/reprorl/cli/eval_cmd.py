@@ -51,7 +51,7 @@ def eval_(
     as_json: bool = typer.Option(False, "--json", help="Print JSON: every figure of every suite."),
 ) -> None:
     """Evaluate weights on frozen suites through the training loop's own eval path (same numbers)."""
-    from reprorl.orchestrate.offline_eval import evaluate_target
+    from reprorl.orchestrate.jobs.evaluate import evaluate_target
 
     store = options(ctx).store()
     settings = (

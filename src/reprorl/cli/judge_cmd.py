@@ -28,8 +28,8 @@ def judge(
 ) -> None:
     """Score the run's rollouts with an LLM judge, kept apart from their rewards; compare the judge
     with human labels afterwards with `reprorl verifier-errors RUN`."""
-    from reprorl.orchestrate.judge_run import judge_run
-    from reprorl.orchestrate.sample import progress_bar
+    from reprorl.orchestrate.jobs.judge_run import judge_run
+    from reprorl.orchestrate.run.rollouts import progress_bar
 
     config = load_judge_config(judge_file)
     store = options(ctx).store()

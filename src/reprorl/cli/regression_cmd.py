@@ -24,7 +24,7 @@ def regression(
     ),
 ) -> None:
     """Add the tasks of the matching rollouts to SUITE as `regression` cases: its next version."""
-    from reprorl.orchestrate.regression import failed_tasks, grow_suite
+    from reprorl.orchestrate.jobs.regression import failed_tasks, grow_suite
 
     store = options(ctx).store()
     tasks = failed_tasks(store, find_run(store, run), where)

@@ -32,7 +32,7 @@ def replay(
     as_json: bool = typer.Option(False, "--json", help="Print the reports as JSON."),
 ) -> None:
     """Replay rollouts bit for bit; exit 1 when anything differs."""
-    from reprorl.orchestrate.replay import Replayer
+    from reprorl.orchestrate.jobs.replay import Replayer
 
     if mode not in ("recorded", "live"):
         raise UserInputError(f"--mode: {mode!r} is not 'recorded' or 'live'")

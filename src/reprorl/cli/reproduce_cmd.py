@@ -19,7 +19,7 @@ def reproduce(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Train the run's recorded spec again; compare metrics and final weights (exit 1 if they differ)."""
-    from reprorl.orchestrate.reproduce import reproduce_run
+    from reprorl.orchestrate.jobs.reproduce import reproduce_run
 
     store = options(ctx).store()
     result = asyncio.run(reproduce_run(store, find_run(store, run).run_id, show_progress=not as_json))

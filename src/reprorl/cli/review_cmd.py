@@ -261,7 +261,7 @@ class _TaskLookup:
         if self._tasks is None:
             self._tasks = {}
             try:
-                from reprorl.orchestrate.judge_run import run_tasks
+                from reprorl.orchestrate.jobs.judge_run import run_tasks
 
                 self._tasks = run_tasks(self._store, self._record)
             except (ReprorlError, ValidationError):

@@ -44,7 +44,7 @@ def run(
     ),
 ) -> None:
     """SFT warm start (if the spec asks), then policy-gradient steps; records, metrics, adapter."""
-    from reprorl.orchestrate.train import prepare_run, train_run
+    from reprorl.orchestrate.jobs.train import prepare_run, train_run
 
     targets = parse_targets(sink, option="--sink")
     store = options(ctx).store()
@@ -94,7 +94,7 @@ def on_ray(
     resume: bool,
 ) -> RunRecord:
     """Train `record` in a Ray trainer actor, following it here; warn about any sink that failed."""
-    from reprorl.orchestrate.ray_trainer import train_on_ray
+    from reprorl.orchestrate.jobs.ray_trainer import train_on_ray
 
     record, failures = asyncio.run(
         train_on_ray(

@@ -20,7 +20,7 @@ def sample(
 ) -> None:
     """Sample groups of rollouts from the spec's policy and record them as a run."""
     # torch and transformers load only for this command, so the rest of the CLI starts quickly.
-    from reprorl.orchestrate.sample import sample_run_sync
+    from reprorl.orchestrate.jobs.sample import sample_run_sync
 
     store = options(ctx).store()
     spec = resolve_spec(load_spec(file, overrides or [], pin_bare=store.pin_newest), store.pin)

@@ -56,8 +56,8 @@ def screen(
 ) -> None:
     """Run the policy k times per task; classify each task (trainable, too_easy, no_signal, flaky,
     suspect); register the trainable subset as a new version of the task set, with its lineage."""
-    from reprorl.orchestrate.screen import parse_policy
-    from reprorl.orchestrate.screen import screen as run_screen
+    from reprorl.orchestrate.jobs.screen import parse_policy
+    from reprorl.orchestrate.jobs.screen import screen as run_screen
 
     store = options(ctx).store()
     record: RunRecord | None = None

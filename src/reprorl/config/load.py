@@ -209,6 +209,34 @@ def _loss_table(learning: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# Pipeline settings older records hold flat in `learning`, and their names in `learning.pipeline`.
+# `mode` is dropped: "sync" was max_staleness 0 on the same loop ("async" with 0 gave its results).
+FLAT_PIPELINE_FIELDS = {
+    "max_staleness": "max_staleness",
+    "assembly": "source",
+    "rollout_workers": "workers",
+    "lockstep": "lockstep",
+}
+
+
+def _pipeline_table(learning: dict[str, Any]) -> dict[str, Any]:
+    """`learning` of an older record with its pipeline settings moved into `learning.pipeline`."""
+    if not any(k in learning for k in (*FLAT_PIPELINE_FIELDS, "mode")):
+        return learning
+    out = dict(learning)
+    out.pop("mode", None)
+    table = dict(out.get("pipeline") or {})
+    for old, new in FLAT_PIPELINE_FIELDS.items():
+        if old in out:
+            table[new] = out.pop(old)
+    if table.get("lockstep") == "arrival":
+        table["lockstep"] = "ready"  # the lockstep's old name
+    if table.get("source") == "arrival" and not table.get("max_staleness"):
+        table["source"] = "planned"  # arrival order with no lag trained the planned groups
+    out["pipeline"] = table
+    return out
+
+
 def stored_spec(doc: dict[str, Any]) -> RunSpec:
     """The run spec a record's `spec.json` holds, written by this version or an older one."""
     data = dict(doc)
@@ -217,7 +245,7 @@ def stored_spec(doc: dict[str, Any]) -> RunSpec:
         if isinstance(table, dict) and key in table and table[key] == default:
             data[section] = {k: v for k, v in table.items() if k != key}
     if isinstance(data.get("learning"), dict):
-        data["learning"] = _loss_table(data["learning"])
+        data["learning"] = _pipeline_table(_loss_table(data["learning"]))
     return validate_spec(data)
 
 

@@ -169,6 +169,56 @@ class KLPenalty(SpecModel):
         return self
 
 
+class PipelineSpec(SpecModel):
+    """How rollouts reach the trainer: which groups a step trains on, how stale their weights may be,
+    how many workers sample them, and which model turns are sampled together. One loop runs every
+    combination; `max_staleness = 0` is synchronous training (each step samples from the weights it
+    then trains), whether the workers are in this process or Ray actors (`reprorl run --ray`)."""
+
+    source: Literal["planned", "arrival"] = Field(
+        default="planned",
+        description="Which groups a step trains on. `planned`: the groups drawn for that step, sampled "
+        "from the version max_staleness names (batches never depend on timing). `arrival`: the first "
+        "groups to finish, earliest staleness deadline first, each sampled from the newest version the "
+        "bound lets it use; the trainer waits only for a group at its deadline, but which step trains "
+        "which group depends on timing (each step's `batch_assembled` event says, and `reprorl "
+        "reproduce` follows it).",
+    )
+    max_staleness: int = Field(
+        default=0,
+        ge=0,
+        description="Policy versions a sample may lag behind the weights it trains. Step s samples from "
+        "the weights after update s - max_staleness (never older than the last eval point); 0 is "
+        "synchronous: sample, then train, every step.",
+    )
+    workers: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="Rollout workers a batch's groups are dealt to, each sampling its share in batches "
+        "of its own (so the count shapes the results); in this process, or Ray actors with `reprorl "
+        "run --ray` (the same results either way).",
+    )
+    lockstep: Literal["batch", "group", "ready"] = Field(
+        default="batch",
+        description="Whose model turns wait for each other to be sampled as one batch: every episode "
+        "running at once (`batch`: the largest batches) or a group's members only (`group`: a turn "
+        "waits for its own group's slowest tool call, not the batch's); with these, batches never "
+        "depend on timing. `ready`: a group's members wait for each other, then every group waiting "
+        "when the sampler comes free is sampled together, across batches (which turns share a batch "
+        "depends on timing; each turn records it, for replay and for `reprorl reproduce` to follow).",
+    )
+
+    @model_validator(mode="after")
+    def _arrival_lags(self) -> PipelineSpec:
+        if self.source == "arrival" and self.max_staleness == 0:
+            raise ValueError(
+                "source = 'arrival' with max_staleness = 0 trains exactly the groups 'planned' does, "
+                "in the same order; set max_staleness >= 1 for arrival order, or source = 'planned'"
+            )
+        return self
+
+
 class LearningSpec(SpecModel):
     """How the policy is updated from its rollouts."""
 
@@ -203,35 +253,7 @@ class LearningSpec(SpecModel):
         "trained weights are saved and registered instead (runs/<id>/adapter).",
     )
     keep_checkpoints: int = Field(default=2, ge=1, description="Newest checkpoints kept on disk.")
-    mode: Literal["sync", "async"] = Field(
-        default="sync",
-        description="'sync': each step samples, then trains. 'async': rollout workers sample ahead while "
-        "the trainer trains, joined by a sample queue and paced by max_staleness.",
-    )
-    max_staleness: int = Field(
-        default=0,
-        ge=0,
-        description="Async mode: policy versions a sample may lag behind the weights it trains. Step s "
-        "samples from the weights after update s - max_staleness (never older than the last eval point), "
-        "so 0 gives the synchronous loop's results.",
-    )
-    assembly: Literal["planned", "arrival"] = Field(
-        default="planned",
-        description="Async mode: which groups a step trains on. `planned`: the groups the synchronous "
-        "loop draws for it, from the version max_staleness names (batches never depend on timing). "
-        "`arrival`: the first groups to finish, earliest staleness deadline first, each sampled from the "
-        "newest version the bound lets it use; the trainer waits only for a group at its deadline, but "
-        "which step trains which group depends on timing (each step's `batch_assembled` event says, and "
-        "`reprorl reproduce` follows it).",
-    )
-    rollout_workers: int = Field(
-        default=1,
-        ge=1,
-        le=1024,
-        description="Rollout workers a batch's groups are dealt to, each sampling its share in batches of "
-        "its own (so the count shapes the results); in this process, or Ray actors with `reprorl run "
-        "--ray`. More than 1 runs the async loop (max_staleness 0 gives the synchronous results).",
-    )
+    pipeline: PipelineSpec = Field(default_factory=PipelineSpec)
     correction: Literal["tis", "mis", "none"] = Field(
         default="tis",
         description="Importance correction of the gap between the behaviour (sampling) and proximal "
@@ -250,15 +272,6 @@ class LearningSpec(SpecModel):
         ge=1,
         description="Episodes run at once; their model turns are sampled together (it shapes the batches).",
     )
-    lockstep: Literal["batch", "group", "arrival"] = Field(
-        default="batch",
-        description="Whose model turns wait for each other to be sampled as one batch: every episode "
-        "running at once (`batch`: the largest batches) or a group's members only (`group`: a turn "
-        "waits for its own group's slowest tool call, not the batch's); with these, batches never "
-        "depend on timing. `arrival`: a group's members wait for each other, then every group waiting "
-        "when the sampler comes free is sampled together, across batches (which turns share a batch "
-        "depends on timing; each turn records it, for replay and for `reprorl reproduce` to follow).",
-    )
     drop_zero_variance_groups: bool = Field(
         default=True, description="Skip groups whose rewards are all equal (no signal); counted."
     )
@@ -268,12 +281,6 @@ class LearningSpec(SpecModel):
     sft_imperfect_fraction: float = Field(
         default=0.0, ge=0.0, le=1.0, description="Share of SFT demos made deliberately wrong."
     )
-
-    @model_validator(mode="after")
-    def _arrival_is_async(self) -> LearningSpec:
-        if self.assembly == "arrival" and self.mode != "async":
-            raise ValueError("learning.assembly = 'arrival' needs learning.mode = 'async'")
-        return self
 
 
 class RollbackRule(SpecModel):

@@ -24,6 +24,18 @@ def _learning(view: RunView) -> Mapping[str, Any]:
     return learning if isinstance(learning, dict) else {}
 
 
+def _pipeline(learning: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`learning.pipeline`, or the same settings as an older record holds them, flat in `learning`."""
+    table = learning.get("pipeline")
+    if isinstance(table, dict):
+        return table
+    old = {"max_staleness": "max_staleness", "assembly": "source", "rollout_workers": "workers"}
+    out = {new: learning[key] for key, new in old.items() if key in learning}
+    if "lockstep" in learning:
+        out["lockstep"] = "ready" if learning["lockstep"] == "arrival" else learning["lockstep"]
+    return out
+
+
 def _groups(groups: Sequence[Mapping[str, Any]], step: int) -> str:
     """`g<index> (planned p, v<version>)` per group; ahead of or behind its plan marked."""
     shown = []
@@ -38,21 +50,22 @@ def _groups(groups: Sequence[Mapping[str, Any]], step: int) -> str:
 
 def pipeline(view: RunView) -> Section:
     learning = _learning(view)
+    settings = _pipeline(learning)
     lines = [m for m in view.train_lines() if "staleness_max" in m]
-    if learning.get("mode") != "async" and not lines:
+    if not settings.get("max_staleness"):
         return no_data(
             KEY, TITLE, "The run was synchronous: every step trained on the batch it had just sampled."
         )
-    assembly = learning.get("assembly", "planned")
+    assembly = settings.get("source", "planned")
     started = view.events_named("rollout_workers")  # what the run started, over what the spec asked
     last = started[-1] if started else {}
-    workers = f"{last.get('workers', learning.get('rollout_workers', 1))} ({last.get('backend', DASH)})"
+    workers = f"{last.get('workers', settings.get('workers', 1))} ({last.get('backend', DASH)})"
     parts: list[str] = [
         facts(
             [
-                ("max staleness", esc(learning.get("max_staleness", DASH))),
+                ("max staleness", esc(settings.get("max_staleness", DASH))),
                 ("batches", esc(assembly)),
-                ("lockstep", esc(learning.get("lockstep", DASH))),
+                ("lockstep", esc(settings.get("lockstep", "batch"))),
                 ("correction", esc(learning.get("correction", DASH))),
                 ("rollout workers", esc(workers)),
             ]

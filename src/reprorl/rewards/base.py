@@ -96,6 +96,7 @@ class Verifier(ABC):
     """Scores an episode's outcome; subclasses are small, deterministic and side-effect free."""
 
     name: ClassVar[str] = "outcome"
+    registry_name: ClassVar[str | None] = None  # set by `register_verifier`
 
     @abstractmethod
     def score(self, task: Task, state: FinalState) -> dict[str, float]:
@@ -105,6 +106,8 @@ class Verifier(ABC):
     def version(self) -> str:
         """Hash of the verifier's code (its module and sibling helpers) and its settings."""
         settings: dict[str, Any] = dataclasses.asdict(self) if dataclasses.is_dataclass(self) else {}
+        if not settings:  # a registered verifier that is no dataclass: the arguments it was built with
+            settings = {k: repr(v) for k, v in getattr(self, "_registry_args", {}).items()}
         code = code_fingerprint(*type(self).__mro__)
         return content_hash({"verifier": type(self).__qualname__, "code": code, "settings": settings})
 

@@ -29,7 +29,7 @@ class Judgement:
 
 
 class RewardJudge(Protocol):
-    """What the runner needs of a judge; `reprorl.orchestrate.judge_reward` makes one from the spec."""
+    """What the runner needs of a judge; `reprorl.orchestrate.run.judge_reward` makes one from the spec."""
 
     judge_id: str
 

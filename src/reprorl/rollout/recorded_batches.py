@@ -1,6 +1,6 @@
 """Recorded sampling batches, followed: a rerun samples every turn in the batch the record says it shared.
 
-Under the arrival lockstep which turns share a batch depends on timing, and floating-point results
+Under the ready lockstep which turns share a batch depends on timing, and floating-point results
 depend on the batch, so a plain rerun differs in its last bits. Every turn records its batch (the
 keys of its rows, in slot order); `RecordedBatches` holds each request until every row of its
 recorded batch has asked, then samples those rows together in that order, so the same weights
@@ -212,9 +212,9 @@ class RecordedRound(PoolRound):
 
 
 class RecordedBarrier(GroupBarrier):
-    """The arrival lockstep's parts (groups), sampled in their recorded batches."""
+    """The ready lockstep's parts (groups), sampled in their recorded batches."""
 
-    name = "arrival"
+    name = "recorded"
 
     def __init__(self, schedule: TurnSchedule, run_id: str) -> None:
         self.schedule, self.run_id = schedule, run_id

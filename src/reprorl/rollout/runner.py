@@ -6,7 +6,7 @@ runner spreads jobs over `concurrency` lanes; each lane runs its jobs one after 
 lanes' model turns are batched in lockstep (see `reprorl.rollout.model_policy`). The barrier says
 whose turns wait for each other: the whole batch's (`BatchBarrier`, the largest batches) or only a
 group's (`GroupBarrier`: with slow, uneven tools a group no longer waits for another's slowest
-call). Either way a batch depends on what its episodes did, never on timing. `ArrivalBarrier`
+call). Either way a batch depends on what its episodes did, never on timing. `ReadyBarrier`
 trades that for throughput: a group's turns, once all asked, join one open pool per sampler
 across calls, sampled with whatever else is waiting.
 
@@ -54,8 +54,8 @@ class RolloutJob:
     member: int
     step: int
     seed: int
-    # Lower is sampled first where more turns wait than a batch holds (the arrival lockstep): the
-    # arrival producer gives a group its place in the start order, which is earliest deadline
+    # Lower is sampled first where more turns wait than a batch holds (the ready lockstep): the
+    # arrival-order producer gives a group its place in the start order, which is earliest deadline
     # first. It never changes what is sampled.
     priority: int = 0
 
@@ -143,13 +143,13 @@ class GroupBarrier(BatchBarrier):
         return list(groups.values()), max(1, concurrency // largest)
 
 
-class ArrivalBarrier(GroupBarrier):
+class ReadyBarrier(GroupBarrier):
     """A group's members wait for each other (as with `GroupBarrier`), then join one `OpenLockstep`
     per sampler, shared by every batch and call: the groups waiting when the sampler comes free are
     sampled together, so no group waits for another's tool call and batches still fill. Batches
     depend on timing; each turn records its own."""
 
-    name = "arrival"
+    name = "ready"
 
     def __init__(self) -> None:
         self._open: weakref.WeakKeyDictionary[Sampler, OpenLockstep] = weakref.WeakKeyDictionary()
@@ -164,7 +164,7 @@ class ArrivalBarrier(GroupBarrier):
 BARRIERS: dict[str, type[BatchBarrier]] = {
     "batch": BatchBarrier,
     "group": GroupBarrier,
-    "arrival": ArrivalBarrier,
+    "ready": ReadyBarrier,
 }
 
 

@@ -8,7 +8,7 @@ import torch
 from reprorl.algos import NoCorrection, PPOClip, TokenBatch, TruncatedIS
 from reprorl.algos.reinforce import Reinforce
 from reprorl.config.spec import LearningSpec
-from reprorl.orchestrate.steps import make_loss
+from reprorl.orchestrate.pipeline.steps import make_loss
 
 
 def _batch() -> tuple[torch.Tensor, TokenBatch]:

@@ -10,7 +10,7 @@ import torch
 from reprorl.algos import CISPO, GSPO, NoCorrection, PPOClip, TokenBatch, TruncatedIS
 from reprorl.config import LearningSpec
 from reprorl.config.load import stored_spec
-from reprorl.orchestrate.steps import make_loss
+from reprorl.orchestrate.pipeline.steps import make_loss
 
 
 def _batch(

@@ -181,12 +181,15 @@ CASES: list[Case] = [
     case("lr-zero", edit(("lr = 5e-5", "lr = 0.0")), "learning.lr"),
     case("lr-negative", edit(("lr = 5e-5", "lr = -1e-5")), "learning.lr"),
     case(
-        "arrival-without-async",
-        add_to("learning", 'assembly = "arrival"'),
-        "learning.assembly = 'arrival' needs learning.mode = 'async'",
+        "arrival-without-lag",
+        add_to("learning", 'pipeline = { source = "arrival" }'),
+        "learning.pipeline: source = 'arrival' with max_staleness = 0 trains exactly the groups 'planned'",
         leads=False,
     ),
-    case("assembly-unknown", add_to("learning", 'assembly = "fastest"'), "learning.assembly"),
+    case(
+        "source-unknown", add_to("learning", 'pipeline = { source = "fastest" }'), "learning.pipeline.source"
+    ),
+    case("flat-pipeline-field", add_to("learning", 'mode = "async"'), "learning.mode"),
     case("steps-zero", edit(("steps = 10", "steps = 0")), "learning.steps"),
     case("group-size-one", edit(("group_size = 4", "group_size = 1")), "learning.group_size"),
     case("top-p-above-one", edit(("top_p = 1.0", "top_p = 1.5")), "learning.top_p"),

@@ -279,7 +279,7 @@ def test_integrity_above_fires_on_contradicted_train_rewards_since_the_last_chec
 
 
 def test_loop_guard_carries_contradicted_shares_through_a_checkpoint(tmp_path: Path) -> None:
-    from reprorl.orchestrate.guarding import LoopGuard
+    from reprorl.orchestrate.run.guarding import LoopGuard
 
     spec = SimpleNamespace(
         evaluation=SimpleNamespace(rollback=(RollbackRule(when="integrity_above"),)),

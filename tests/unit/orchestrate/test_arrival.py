@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from reprorl.config import load_spec
-from reprorl.orchestrate.arrival import ArrivalQueue, FinishedGroup, GroupProducer, Schedule
-from reprorl.orchestrate.reproduce import timing_dependent
-from reprorl.orchestrate.versions import PolicyVersion
+from reprorl.orchestrate.jobs.reproduce import timing_dependent
+from reprorl.orchestrate.pipeline.arrival import ArrivalQueue, FinishedGroup, GroupProducer, Schedule
+from reprorl.orchestrate.pipeline.versions import PolicyVersion
 from reprorl.rollout import FAMILIES
 from reprorl.rollout.runner import RolloutJob, RolloutResult, plan_groups
 from reprorl.types import Split
@@ -193,7 +193,7 @@ def test_a_producer_failure_reaches_the_trainer() -> None:
         asyncio.run(go())
 
 
-ASYNC_ARRIVAL = ["learning.mode=async", "learning.assembly=arrival"]
+ASYNC_ARRIVAL = ["learning.pipeline.max_staleness=1", "learning.pipeline.source=arrival"]
 
 
 def _pinned(name: str) -> str:
@@ -202,15 +202,15 @@ def _pinned(name: str) -> str:
 
 def test_a_reproduction_names_the_settings_that_make_a_run_depend_on_timing() -> None:
     with resources.as_file(resources.files("reprorl") / "configs" / "demo.toml") as path:
-        planned = load_spec(path, ["learning.mode=async"], pin_bare=_pinned)
+        planned = load_spec(path, ["learning.pipeline.max_staleness=1"], pin_bare=_pinned)
         arrival = load_spec(path, ASYNC_ARRIVAL, pin_bare=_pinned)
-        both = load_spec(path, [*ASYNC_ARRIVAL, "learning.lockstep=arrival"], pin_bare=_pinned)
+        both = load_spec(path, [*ASYNC_ARRIVAL, "learning.pipeline.lockstep=ready"], pin_bare=_pinned)
     assert timing_dependent(planned) == ()
     (note,) = timing_dependent(arrival)
-    assert note.startswith("learning.assembly = 'arrival'") and "batch_assembled" in note
+    assert note.startswith("learning.pipeline.source = 'arrival'") and "batch_assembled" in note
     assert [n.split(":")[0] for n in timing_dependent(both)] == [
-        "learning.assembly = 'arrival'",
-        "learning.lockstep = 'arrival'",
+        "learning.pipeline.source = 'arrival'",
+        "learning.pipeline.lockstep = 'ready'",
     ]
 
 

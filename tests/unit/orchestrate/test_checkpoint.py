@@ -8,7 +8,7 @@ import pytest
 
 from reprorl.errors import RecordError
 from reprorl.hashing import content_hash
-from reprorl.orchestrate.checkpoint import (
+from reprorl.orchestrate.run.checkpoint import (
     LoopState,
     latest_checkpoint,
     rewind,

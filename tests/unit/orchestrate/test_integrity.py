@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from reprorl.actions import render_call
-from reprorl.orchestrate.sample import step_metrics
+from reprorl.orchestrate.run.rollouts import step_metrics
 from reprorl.rollout.runner import RolloutResult
 from reprorl.types import Message, Reward, Role, Split, Task, Termination, ToolCall, Trajectory, Turn
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from reprorl.orchestrate.replay import ReplayReport, _compare_live, _compare_sample, run_of
+from reprorl.orchestrate.jobs.replay import ReplayReport, _compare_live, _compare_sample, run_of
 from reprorl.policy.sampling import Sample
 from reprorl.types import Reward, Split, Termination, ToolOutcome, ToolResult, Trajectory, Turn
 

@@ -344,7 +344,7 @@ def test_an_arrival_run_shows_how_each_step_was_fed(store: Store) -> None:
     spec = {
         "name": "arrival",
         "seed": 3,
-        "learning": {"mode": "async", "assembly": "arrival", "lockstep": "arrival", "max_staleness": 2},
+        "learning": {"pipeline": {"source": "arrival", "lockstep": "ready", "max_staleness": 2}},
     }
     record = RunRecord.create(
         store, spec=spec, spec_hash=content_hash(spec), name="arrival", seeds={"root": 3}

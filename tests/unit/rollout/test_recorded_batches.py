@@ -22,7 +22,7 @@ from reprorl.rollout.recorded_batches import (
     relative,
     turn_schedule,
 )
-from reprorl.rollout.runner import ArrivalBarrier, Barrier, plan_groups
+from reprorl.rollout.runner import Barrier, ReadyBarrier, plan_groups
 from reprorl.types import Termination, Trajectory
 
 
@@ -73,7 +73,7 @@ def _reversed(trajectories: list[Trajectory]) -> list[Trajectory]:
 
 def test_a_rerun_samples_every_turn_in_its_recorded_batch_and_slot_order(model: LoadedModel) -> None:
     original = SlowSampler(model)
-    recorded = _run(original, model, "r", ArrivalBarrier())
+    recorded = _run(original, model, "r", ReadyBarrier())
     assert len(original.batches) < 16 and max(len(b) for b in original.batches) > 2  # shared batches
     schedule = turn_schedule(_reversed(recorded), "r")
     rerun = ScriptedSampler(model)  # another speed, so open batching would batch otherwise
@@ -87,7 +87,7 @@ def test_a_rerun_samples_every_turn_in_its_recorded_batch_and_slot_order(model: 
 
 
 def test_a_rerun_that_leaves_its_record_says_where_and_still_finishes(model: LoadedModel) -> None:
-    recorded = _run(SlowSampler(model), model, "r", ArrivalBarrier())
+    recorded = _run(SlowSampler(model), model, "r", ReadyBarrier())
     schedule = turn_schedule(recorded, "r")
     # Other seeds: the very first request differs, and nothing waits for a batch that cannot fill.
     again = _run(ScriptedSampler(model), model, "q", RecordedBarrier(schedule, "q"), seed=2)
@@ -96,7 +96,7 @@ def test_a_rerun_that_leaves_its_record_says_where_and_still_finishes(model: Loa
 
 
 def test_an_episode_ending_before_its_recorded_turns_is_named(model: LoadedModel) -> None:
-    recorded = _run(SlowSampler(model), model, "r", ArrivalBarrier())
+    recorded = _run(SlowSampler(model), model, "r", ReadyBarrier())
     schedule = turn_schedule(recorded, "r")
     _run(
         ScriptedSampler(model), model, "q", RecordedBarrier(schedule, "q"), limits=EpisodeLimits(max_turns=1)
@@ -105,7 +105,7 @@ def test_an_episode_ending_before_its_recorded_turns_is_named(model: LoadedModel
 
 
 def test_records_whose_batches_disagree_cannot_be_followed(model: LoadedModel) -> None:
-    recorded = _run(SlowSampler(model), model, "r", ArrivalBarrier())
+    recorded = _run(SlowSampler(model), model, "r", ReadyBarrier())
     one = recorded[0]
     changed = one.model_copy(
         update={

@@ -26,10 +26,10 @@ from reprorl.policy.sampling import Sample, SampleRequest
 from reprorl.rollout import FAMILIES
 from reprorl.rollout.episode import EpisodeLimits, Provenance
 from reprorl.rollout.runner import (
-    ArrivalBarrier,
     Barrier,
     BatchBarrier,
     GroupBarrier,
+    ReadyBarrier,
     RolloutRunner,
     plan_groups,
 )
@@ -269,7 +269,7 @@ def test_an_arrival_barrier_batches_whole_groups_across_calls(model: LoadedModel
     sampler = SlowSampler(model)
 
     async def go() -> list[Trajectory]:
-        async with _runner(sampler, renderer, concurrency=8, max_batch=4, barrier=ArrivalBarrier()) as runner:
+        async with _runner(sampler, renderer, concurrency=8, max_batch=4, barrier=ReadyBarrier()) as runner:
             calls = [
                 runner.run(plan_groups([task], 2, run_id="r", run_seed=1, step=s))
                 for s, task in enumerate(_tasks(4))

@@ -6,7 +6,7 @@ import torch
 
 from reprorl.algos import GSPO, NoCorrection, PPOClip
 from reprorl.config.spec import LearningSpec
-from reprorl.orchestrate.steps import group_data, learning_rate
+from reprorl.orchestrate.pipeline.steps import group_data, learning_rate
 from reprorl.policy import tiny_model
 from reprorl.trainer import AdamParams, Datum, LocalTrainer
 from reprorl.types import Reward, ScoreFailure, Split, Termination, Trajectory, Turn, exclusion

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from reprorl.rewards.base import FinalState, Verifier
+from reprorl.rewards.registered import register_verifier
 from reprorl.types import Task
 
 MAX_EXPRESSION_CHARS = 200
@@ -81,6 +82,7 @@ def stated_number(text: str) -> float | None:
     return None
 
 
+@register_verifier("expression")
 @dataclass(frozen=True)
 class ExpressionAnswer(Verifier):
     """1.0 when the answer states exactly the value of `reference['expression']`, else 0.0."""

@@ -19,6 +19,7 @@ from typing import Any
 
 from reprorl.hashing import sha256_hex
 from reprorl.rewards.base import FinalState, StateAccessError, Verifier
+from reprorl.rewards.registered import register_verifier
 from reprorl.rewards.verifiers.answers import answer_matches
 from reprorl.types import Task
 
@@ -59,6 +60,7 @@ def list_files(state: FinalState, max_files: int = 10_000) -> list[str]:
     return sorted(found)
 
 
+@register_verifier("file_tree")
 @dataclass(frozen=True)
 class FileTreeState(Verifier):
     """Scores files tasks from the final work directory and the agent's answer."""

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 from reprorl.rewards.base import FinalState, Verifier
+from reprorl.rewards.registered import register_verifier
 from reprorl.types import Task
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
@@ -21,6 +22,7 @@ def last_number(text: str) -> float | None:
         return None
 
 
+@register_verifier("numeric")
 @dataclass(frozen=True)
 class NumericAnswer(Verifier):
     """1.0 when the final answer's last number matches `reference['answer']`, else 0.0."""

@@ -16,6 +16,7 @@ from typing import Any
 
 from reprorl.hashing import canonical_json, content_hash
 from reprorl.rewards.base import FinalState, StateAccessError, Verifier
+from reprorl.rewards.registered import register_verifier
 from reprorl.rewards.verifiers.answers import answer_matches
 from reprorl.types import Task
 
@@ -36,6 +37,7 @@ def table_digest(columns: list[str], rows: list[list[Any]]) -> str:
     return content_hash({"columns": columns, "rows": sorted(rows, key=canonical_json)})
 
 
+@register_verifier("sqlite_state")
 @dataclass(frozen=True)
 class SqliteState(Verifier):
     """Scores SQL tasks from the final database file and the agent's answer."""

@@ -1,0 +1,313 @@
+"""Replay: re-executing one stored rollout from its record and finding the first thing that differs.
+
+The policy is rebuilt from the record (the weights each turn's `policy_version` names, loaded and
+checked by `replay_policy.py`, the sampling dtype and thread count) and every model turn is sampled
+again inside the batch it was first sampled in: the other rows of that batch are rebuilt from their
+own records (context tokens, seed, parameters), because floating-point results depend on the batch.
+Two modes:
+
+- *recorded*: each turn's context is taken from the record; checks the model side (tokens and
+  logprobs, to the bit);
+- *live*: the episode runs again in a fresh sandbox with the same env seed and task; tools and the
+  verifier run for real, so it also checks tool results, the reward and the termination.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from reprorl.config import RunSpec
+from reprorl.config.load import stored_spec
+from reprorl.envs.base import EnvConfig
+from reprorl.envs.sandbox import SandboxPool
+from reprorl.errors import NotFoundError, RecordError, UserInputError
+from reprorl.hashing import derive_seed
+from reprorl.orchestrate.jobs.replay_policy import ReplayPolicies
+from reprorl.orchestrate.run.judge_reward import run_judge
+from reprorl.orchestrate.run.policies import OpenedPolicy
+from reprorl.orchestrate.run.rollouts import episode_limits, load_taskset
+from reprorl.policy.sampling import Sample, SampleRequest
+from reprorl.rewards import VerifierRunner
+from reprorl.rollout.episode import EpisodeIds, run_episode
+from reprorl.rollout.families import get_family
+from reprorl.rollout.judging import judged
+from reprorl.rollout.model_policy import ModelPolicy
+from reprorl.store import RunRecord, Store, find_run
+from reprorl.store.rollout_query import RolloutStore
+from reprorl.types import Task, ToolResult, Trajectory
+
+Mode = Literal["recorded", "live"]
+
+
+@dataclass(frozen=True)
+class Difference:
+    """The first place where the replay and the record disagree."""
+
+    where: str  # "token", "logprob", "context", "tool_result", "turns", "reward", "termination", "condition"
+    turn: int | None
+    index: int | None
+    recorded: Any
+    replayed: Any
+
+
+@dataclass
+class ReplayReport:
+    rollout_id: str
+    mode: Mode
+    turns: int = 0
+    tokens: int = 0
+    differences: list[Difference] = field(default_factory=list)
+
+    @property
+    def identical(self) -> bool:
+        return not self.differences
+
+    @property
+    def first(self) -> Difference | None:
+        return self.differences[0] if self.differences else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rollout_id": self.rollout_id,
+            "mode": self.mode,
+            "identical": self.identical,
+            "turns": self.turns,
+            "tokens": self.tokens,
+            "first_difference": asdict(self.first) if self.first else None,
+        }
+
+
+def run_of(rollout_id: str) -> str:
+    """Rollout ids begin with their run's id: `<run_id>/<kind>/<step>/<task_id>/<member>`."""
+    run_id = rollout_id.split("/", 1)[0]
+    if not run_id or run_id == rollout_id:
+        raise UserInputError(f"{rollout_id!r} is not a rollout id (expected '<run_id>/…')")
+    return run_id
+
+
+def _sql_list(values: Iterable[str]) -> str:
+    return ", ".join("'" + v.replace("'", "''") + "'" for v in sorted(set(values)))
+
+
+class _Batches:
+    """Rebuilds the batch of any recorded turn from the records of its rows."""
+
+    def __init__(self, rollouts: RolloutStore, target: Trajectory) -> None:
+        ids = {key.rsplit("/", 1)[0] for turn in target.turns for key in turn.batch}
+        ids.discard(target.rollout_id)
+        self.records = (
+            {t.rollout_id: t for t in rollouts.trajectories(f"rollout_id IN ({_sql_list(ids)})")}
+            if ids
+            else {}
+        )
+        self.records[target.rollout_id] = target
+
+    def requests(self, keys: Sequence[str], own: SampleRequest | None = None) -> list[SampleRequest]:
+        out = []
+        for key in keys:
+            if own is not None and key == own.key:
+                out.append(own)
+                continue
+            rollout_id, _, turn_text = key.rpartition("/")
+            record = self.records.get(rollout_id)
+            if record is None:
+                raise RecordError(f"batch row {key!r} has no stored rollout; the batch cannot be rebuilt")
+            turn = int(turn_text)
+            if turn >= len(record.turns) or record.turns[turn].seed is None:
+                raise RecordError(f"batch row {key!r}: the record has no such sampled turn")
+            out.append(
+                SampleRequest(
+                    key, record.context_ids(turn), record.sampling, int(record.turns[turn].seed or 0)
+                )
+            )
+        return out
+
+
+def _compare_sample(report: ReplayReport, turn: int, recorded: Trajectory, sample: Sample) -> None:
+    expected = recorded.turns[turn]
+    report.turns += 1
+    report.tokens += len(sample.token_ids)
+    for i, (a, b) in enumerate(zip(expected.token_ids, sample.token_ids, strict=False)):
+        if a != b:
+            report.differences.append(Difference("token", turn, i, a, b))
+            return
+    if len(expected.token_ids) != len(sample.token_ids):
+        n = min(len(expected.token_ids), len(sample.token_ids))
+        report.differences.append(
+            Difference("token", turn, n, len(expected.token_ids), len(sample.token_ids))
+        )
+        return
+    for i, (x, y) in enumerate(zip(expected.logprobs, sample.logprobs, strict=False)):
+        if x != y:  # bit equality: both are the same float32 value widened to a double
+            report.differences.append(Difference("logprob", turn, i, x, y))
+            return
+
+
+def _results_key(results: Sequence[ToolResult]) -> list[tuple[Any, ...]]:
+    return [(r.name, r.outcome.value, r.content, r.error, r.noise, r.original_chars) for r in results]
+
+
+def _compare_live(report: ReplayReport, recorded: Trajectory, live: Trajectory) -> None:
+    for a, b in zip(recorded.turns, live.turns, strict=False):
+        if a.prompt_token_ids != b.prompt_token_ids:
+            report.differences.append(
+                Difference("context", a.index, None, len(a.prompt_token_ids), len(b.prompt_token_ids))
+            )
+        if _results_key(a.tool_results) != _results_key(b.tool_results):
+            report.differences.append(
+                Difference(
+                    "tool_result", a.index, None, _results_key(a.tool_results), _results_key(b.tool_results)
+                )
+            )
+    if len(recorded.turns) != len(live.turns):
+        report.differences.append(Difference("turns", None, None, len(recorded.turns), len(live.turns)))
+    ra, rb = recorded.reward, live.reward
+    if (ra and ra.model_dump()) != (rb and rb.model_dump()):
+        report.differences.append(
+            Difference("reward", None, None, ra and ra.model_dump(), rb and rb.model_dump())
+        )
+    if recorded.termination != live.termination:
+        report.differences.append(
+            Difference("termination", None, None, recorded.termination.value, live.termination.value)
+        )
+
+
+def find_task(store: Store, spec: RunSpec, target: Trajectory) -> Task:
+    """The task the rollout ran, from the run's task sets, checked against the recorded hash."""
+    refs = [str(spec.data.train), *(str(s) for s in spec.evaluation.suites)]
+    for ref in refs:
+        for task in load_taskset(store, ref).tasks:
+            if task.id == target.task_id:
+                if task.content_hash != target.task_hash:
+                    raise RecordError(f"task {task.id!r} in {ref} does not match the recorded task hash")
+                return task
+    raise NotFoundError(f"task {target.task_id!r} is in none of the run's task sets")
+
+
+def _check_conditions(report: ReplayReport, opened: OpenedPolicy, target: Trajectory) -> None:
+    recorded, current = target.sampler.get("version"), opened.sampler.info().get("version")
+    if recorded != current:
+        report.differences.append(
+            Difference("condition", None, None, f"sampler v{recorded}", f"sampler v{current}")
+        )
+    if opened.renderer.template_hash != target.prompt_template_hash:
+        report.differences.append(
+            Difference("condition", None, None, target.prompt_template_hash, opened.renderer.template_hash)
+        )
+
+
+class Replayer:
+    """Replays rollouts of a store; policies and re-run batches are shared between replays.
+
+    A batch re-run is a pure function of its requests (prompts, seeds, parameters) and the policy,
+    so replaying several rollouts of one batch computes it once.
+    """
+
+    def __init__(self, store: Store, *, cached_batches: int = 256) -> None:
+        self.store = store
+        self.policies = ReplayPolicies(store)
+        self._runs: dict[str, tuple[RunRecord, RolloutStore, RunSpec]] = {}
+        self._batches: OrderedDict[tuple[Any, ...], list[Sample]] = OrderedDict()
+        self._cached_batches = cached_batches
+        self.batches_sampled = 0
+
+    def _run(self, run_id: str) -> tuple[RunRecord, RolloutStore, RunSpec]:
+        if run_id not in self._runs:
+            record = find_run(self.store, run_id)
+            self._runs[run_id] = (record, RolloutStore(record), stored_spec(record.spec()))
+        return self._runs[run_id]
+
+    async def _sample(self, opened: OpenedPolicy, requests: list[SampleRequest]) -> list[Sample]:
+        version = opened.sampler.policy_version
+        key = (id(opened), version, tuple((r.key, r.prompt_ids, r.seed, r.params) for r in requests))
+        if key in self._batches:
+            self._batches.move_to_end(key)
+            return self._batches[key]
+        samples = await asyncio.to_thread(opened.sampler.sample, requests)
+        self.batches_sampled += 1
+        self._batches[key] = samples
+        if len(self._batches) > self._cached_batches:
+            self._batches.popitem(last=False)
+        return samples
+
+    async def replay(self, rollout_id: str, *, mode: Mode = "live") -> ReplayReport:
+        """Re-execute `rollout_id` from its record; the report names the first difference, if any."""
+        record, rollouts, spec = self._run(run_of(rollout_id))
+        target = rollouts.get(rollout_id)
+        if not target.turns or target.turns[0].seed is None:
+            raise UserInputError(f"rollout {rollout_id!r} was not sampled by a model (nothing to replay)")
+        kind = target.sampler.get("kind")
+        if kind != "local":
+            raise UserInputError(
+                f"rollout {rollout_id!r} was sampled by {kind!r} inference, which does not report its "
+                "batches; only rollouts sampled in-process (model.inference unset) replay bit for bit"
+            )
+
+        def opened_for(turn: int) -> OpenedPolicy:
+            version = target.turns[min(turn, len(target.turns) - 1)].policy_version
+            return self.policies.for_turn(record, spec, target, version)
+
+        report = ReplayReport(rollout_id, mode)
+        _check_conditions(report, opened_for(0), target)
+        batches = _Batches(rollouts, target)
+        if mode == "recorded":
+            for turn in target.turns:
+                samples = await self._sample(opened_for(turn.index), batches.requests(turn.batch))
+                own = f"{rollout_id}/{turn.index}"
+                _compare_sample(report, turn.index, target, next(s for s in samples if s.key == own))
+            return report
+        live = await self._live(spec, target, opened_for, batches, report)
+        _compare_live(report, target, live)
+        return report
+
+    async def _live(
+        self,
+        spec: RunSpec,
+        target: Trajectory,
+        opened_for: Callable[[int], OpenedPolicy],
+        batches: _Batches,
+        report: ReplayReport,
+    ) -> Trajectory:
+        task = find_task(self.store, spec, target)
+        family = get_family(task.family)
+
+        async def submit(request: SampleRequest) -> tuple[Sample, float]:
+            turn = int(request.key.rpartition("/")[2])
+            keys = target.turns[turn].batch if turn < len(target.turns) else (request.key,)
+            samples = await self._sample(opened_for(turn), batches.requests(keys, own=request))
+            sample = next(s for s in samples if s.key == request.key)
+            if turn < len(target.turns):
+                _compare_sample(report, turn, target, sample)
+            return sample, 0.0
+
+        policy = ModelPolicy(submit, opened_for(0).renderer, target.sampling, target.rollout_id)
+        async with SandboxPool(family.tool_modules) as sandboxes, VerifierRunner() as verifiers:
+            live = await run_episode(
+                family.env(EnvConfig.from_spec(spec.data), seed=derive_seed(target.sampling.seed, "env")),
+                task,
+                policy,
+                verifier=family.verifier,
+                cross=family.cross,
+                sandboxes=sandboxes,
+                verifiers=verifiers,
+                ids=EpisodeIds(target.run_id, target.rollout_id, target.group_id, target.sampling.seed),
+                limits=episode_limits(spec),
+                weights=spec.data.reward_weights,
+                sampling=target.sampling,
+            )
+        judge = run_judge(spec, self.store.root)
+        if judge is None:
+            return live
+        try:  # its replies are cached: an unchanged rollout is judged from the cache, asking nothing
+            return await judged(judge, task, live, spec.data.reward_weights)
+        finally:
+            judge.close()
+
+
+async def replay(store: Store, rollout_id: str, *, mode: Mode = "live") -> ReplayReport:
+    """Replay one rollout (see `Replayer` to replay many)."""
+    return await Replayer(store).replay(rollout_id, mode=mode)

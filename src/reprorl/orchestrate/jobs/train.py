@@ -1,0 +1,125 @@
+"""A training run end to end: preflight, record, warm start or resume, the loop, the saved adapter.
+
+`train_run` builds the one training loop from its parts — the spec's source of batches, an
+executor (this process, or Ray actors with `ray`), and a timing (live, or a recorded run's,
+followed) — and gives it its frame: the leakage gate before anything is written, the SFT warm start
+or the newest intact checkpoint, and at the end the trained weights saved and registered with what
+they depend on.
+"""
+
+from __future__ import annotations
+
+import shutil
+from typing import Any
+
+from reprorl.config import RunSpec
+from reprorl.errors import UserInputError
+from reprorl.orchestrate.pipeline.executors import LocalExecutor
+from reprorl.orchestrate.pipeline.loop import TrainLoop
+from reprorl.orchestrate.pipeline.ray_workers import RayExecutor
+from reprorl.orchestrate.pipeline.steps import ewma_of, make_loss
+from reprorl.orchestrate.pipeline.timing import LiveTiming, RecordedTiming, Timing
+from reprorl.orchestrate.run.checkpoint import latest_checkpoint, rewind
+from reprorl.orchestrate.run.judge_reward import check_judge, record_judge
+from reprorl.orchestrate.run.launch import create_run
+from reprorl.orchestrate.run.policies import chat_template_text, load_run_base
+from reprorl.orchestrate.run.preflight import check_run_leakage, record_leakage
+from reprorl.orchestrate.run.setup import build_trainer
+from reprorl.store import RunRecord, Store
+from reprorl.trainer import LocalTrainer
+
+
+async def train_run(
+    store: Store,
+    spec: RunSpec,
+    *,
+    resume: RunRecord | None = None,
+    created: RunRecord | None = None,
+    show_progress: bool = False,
+    ray: str | None = None,
+    timing: Timing | None = None,
+) -> RunRecord:
+    """Run `spec` end to end, or continue `resume` (a run of it) from its checkpoint.
+
+    With `ray` (a cluster address, or "local" to start one here) the rollout workers are Ray actors.
+    `created` is a fresh record `prepare_run` wrote for it (the Ray trainer actor trains one of those).
+    `timing`: live by default; a `RecordedTiming` makes a recorded run's timing-dependent decisions
+    the same way again.
+    """
+    if isinstance(timing, RecordedTiming) and (ray is not None or resume is not None):
+        raise ValueError("a recorded schedule is followed by a fresh run in this process (no Ray, no resume)")
+    record = resume or created or prepare_run(store, spec)
+    record.set_status("running")
+    try:
+        loaded = load_run_base(store, spec)
+        trainer = build_trainer(store, loaded, spec)
+        ewma = ewma_of(make_loss(spec.learning), trainer)
+        executor = RayExecutor(ray) if ray is not None else LocalExecutor()
+        loop = TrainLoop(
+            store, spec, record, loaded, trainer, ewma, executor=executor, timing=timing or LiveTiming()
+        )
+        start, checkpoint = 0, None
+        if resume is not None:
+            checkpoint = latest_checkpoint(record)
+            keep = loop.keep_on_resume(record, checkpoint) if checkpoint is not None else frozenset()
+            start = rewind(record, checkpoint, keep=keep)
+            record.event("resumed", from_step=start, checkpoint=checkpoint.path.name if checkpoint else None)
+        if checkpoint is not None:
+            loop.load(checkpoint.path)
+        elif spec.learning.sft_steps:
+            await loop.warm_start()
+            # RL starts with fresh moments: SFT's squared gradients would shrink RL's steps for
+            # hundreds of updates (β2 = 0.999).
+            trainer.reset_optimizer()
+            if ewma is not None:
+                ewma = loop.ewma = ewma_of(loop.loss, trainer)
+            loop.save(0)
+        await loop.run(start, show_progress=show_progress)
+        if loop.stopped is None:
+            finish(store, spec, record, trainer)
+    except BaseException as exc:
+        record.set_status("failed", error=f"{type(exc).__name__}: {exc}"[:500])
+        raise
+    if loop.stopped is not None:
+        record.set_status("stopped", reason=loop.stopped)
+    else:
+        record.set_status("succeeded")
+    return record
+
+
+def prepare_run(store: Store, spec: RunSpec) -> RunRecord:
+    """The record of a new run of `spec`, written only once the leakage and judge gates let it through."""
+    if spec.model.inference is not None:
+        raise UserInputError(
+            "training samples from the weights it is training, in this process; a remote server "
+            "cannot be sent them, so remove model.inference (it serves `reprorl sample`)",
+            field="model.inference",
+        )
+    leakage = check_run_leakage(store, spec)
+    judge = check_judge(store, spec)
+    chat_template_text(store, spec)  # a template that cannot be read is refused before any record
+    record = create_run(spec, store)
+    record_leakage(record, leakage)
+    record_judge(record, judge)
+    return record
+
+
+def finish(store: Store, spec: RunSpec, record: RunRecord, trainer: LocalTrainer) -> None:
+    """Save the trained weights as a standard folder and register them with what they depend on."""
+    folder = record.path / "adapter"
+    shutil.rmtree(folder, ignore_errors=True)  # a killed earlier attempt at this very save
+    digest = trainer.save_adapter(folder)
+    adapter = spec.model.adapter
+    meta: dict[str, Any] = {
+        "base_model": trainer.base_hash,
+        "adapter": adapter.model_dump(mode="json"),
+        "lr": spec.learning.lr,
+        "loss": spec.learning.loss.kind,
+        "train_taskset": store.resolve(str(spec.data.train)).hash,
+        "step": spec.learning.steps,
+        "run_id": record.run_id,
+        "spec_hash": spec.spec_hash(),
+    }
+    version = store.add(f"{spec.name}-adapter", folder, kind="adapter", meta=meta)
+    store.registry.link(version.hash, trainer.base_hash, "adapter_of", run_id=record.run_id)
+    record.event("adapter_saved", adapter=digest, artifact=version.label, step=spec.learning.steps)

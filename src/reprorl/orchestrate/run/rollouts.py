@@ -1,0 +1,127 @@
+"""A run's rollouts: task draws, sampling settings, episode limits, the rollout runner, step figures.
+
+Every job that samples from a spec's policy — training, `reprorl sample`, an eval, a screen — takes
+these from here, so they draw the same tasks with the same seeds and run them the same way.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from reprorl.config import RunSpec
+from reprorl.envs.base import EnvConfig
+from reprorl.hashing import derive_seed
+from reprorl.orchestrate.run.integrity import integrity_metrics
+from reprorl.orchestrate.run.judge_reward import run_judge
+from reprorl.orchestrate.run.policies import OpenedPolicy
+from reprorl.rollout.episode import EpisodeLimits
+from reprorl.rollout.families import families_named
+from reprorl.rollout.runner import BARRIERS, Barrier, RolloutResult, RolloutRunner
+from reprorl.rollout.scoring import counted, exclusion_metrics
+from reprorl.store import Store
+from reprorl.types import SamplingParams, Task, TaskSet, Termination
+
+
+def load_taskset(store: Store, ref: str) -> TaskSet:
+    """A stored task set, read and checked against its hash."""
+    resolved = store.resolve(ref)
+    name = resolved.version.name if resolved.version else ref
+    return TaskSet.from_jsonl(name, store.read(ref), source=ref)
+
+
+def sampling_params(spec: RunSpec) -> SamplingParams:
+    learning = spec.learning
+    return SamplingParams(
+        temperature=learning.temperature,
+        top_p=learning.top_p,
+        top_k=learning.top_k,
+        max_tokens=learning.max_tokens,
+    )
+
+
+def step_tasks(tasks: Sequence[Task], spec: RunSpec, step: int) -> list[Task]:
+    """The tasks of one step: a seeded draw without replacement, the same on every rerun."""
+    count = min(spec.learning.tasks_per_step, len(tasks))
+    return random.Random(derive_seed(spec.seed, "tasks", step)).sample(list(tasks), count)
+
+
+def episode_limits(spec: RunSpec) -> EpisodeLimits:
+    learning = spec.learning
+    return EpisodeLimits(
+        max_turns=learning.max_turns,
+        max_tokens=learning.max_turns * learning.max_tokens,
+        wall_s=learning.episode_wall_s,
+    )
+
+
+def runner_for(
+    opened: OpenedPolicy,
+    spec: RunSpec,
+    run_id: str,
+    store_root: Path,
+    *,
+    families: Iterable[str],
+    barrier: Barrier | None = None,
+) -> RolloutRunner:
+    """The run's rollout runner: its sampling, limits, env settings, reward weights and judge.
+
+    `families`: the env families of the tasks it will run (their tools are what its sandboxes load).
+    `barrier`: which turns share a sampling batch, when not the spec's `learning.pipeline.lockstep` (a rerun
+    following its record's batches)."""
+    learning = spec.learning
+    return RolloutRunner(
+        opened.sampler,
+        opened.renderer,
+        run_id=run_id,
+        params=sampling_params(spec),
+        provenance=opened.provenance,
+        limits=episode_limits(spec),
+        families=families_named(families),
+        env_config=EnvConfig.from_spec(spec.data),
+        reward_weights=spec.data.reward_weights,
+        prices=spec.budget.prices,
+        concurrency=learning.rollout_concurrency,
+        max_batch=learning.rollout_concurrency,
+        judge=run_judge(spec, store_root),
+        barrier=barrier or BARRIERS[learning.pipeline.lockstep](),
+        verifier_timeout_s=spec.data.verifier_timeout_s,
+    )
+
+
+def progress_bar(label: str, show: bool) -> Progress:
+    """A bar of done / total with elapsed time, shown only when asked (a terminal), gone when done."""
+    return Progress(
+        TextColumn(label),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        disable=not show,
+        transient=True,
+    )
+
+
+def step_metrics(result: RolloutResult, tasks: Iterable[Task] = ()) -> dict[str, float]:
+    """A step's rollout figures; `tasks` (those the step drew from) let signatures read the references."""
+    finals = result.trajectories
+    # Rollouts the platform, verifier or judge failed are left out, never counted as reward 0; a
+    # step with none left has no reward to report (NaN), not a zero one.
+    scored = [t.reward for t in counted(finals) if t.reward is not None]
+    return {
+        "reward_mean": statistics.fmean(r.total for r in scored) if scored else math.nan,
+        "success": statistics.fmean(r.success for r in scored) if scored else math.nan,
+        "rollouts": float(len(finals)),
+        **exclusion_metrics(finals),
+        "infra_retries": float(len(result.retried)),
+        "infra_failures": float(sum(t.termination is Termination.INFRA_ERROR for t in finals)),
+        "completion_tokens": float(sum(t.completion_tokens for t in finals)),
+        "prompt_tokens": float(sum(t.prompt_tokens for t in finals)),
+        "cost_usd": sum(t.cost_usd for t in result.all()),
+        "cpu_s": sum(t.cpu_s for t in result.all()),
+        **integrity_metrics(finals, tasks),
+    }

@@ -1,0 +1,100 @@
+"""Every Python block in the docs and the README imports only from `reprorl` (never a submodule) and
+is run by a test as written: the walkthrough's in test_plugin_package.py, the others here."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import re
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import test_plugin_package
+import test_serve_policy
+from cli_support import tiny_training_store
+
+from reprorl.config import load_spec, resolve_spec
+from reprorl.orchestrate.jobs.sample import sample_run
+from reprorl.policy import tiny_model
+from reprorl.policy.chat import ChatRenderer
+from reprorl.policy.sampling import SampleRequest
+from reprorl.types import SamplingParams
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = sorted([*(ROOT / "docs").glob("*.md"), ROOT / "README.md"])
+
+# Each block is known by a line it holds, and run by the test named beside it.
+WALKTHROUGH = test_plugin_package.test_a_family_and_a_loss_of_an_installed_package_train_by_name
+BY_HAND = test_plugin_package.test_the_docs_episode_by_hand_runs_the_installed_family
+RUNNERS: dict[str, Any] = {
+    "class TodoEnv(ToolEnv):": WALKTHROUGH,
+    'SandboxPool(["todo_family"])': BY_HAND,
+    "@register_loss(SequencePGConfig)": WALKTHROUGH,
+    "rollouts = RolloutStore(run)": "test_the_rollouts_block_queries_a_recorded_run",
+    "with HttpSampler(base_url": "test_the_http_sampler_block_samples_from_a_served_policy",
+}
+
+
+def python_blocks() -> list[tuple[str, str]]:
+    """(page, code) of every fenced Python block."""
+    found = []
+    for page in PAGES:
+        for code in re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S):
+            found.append((page.relative_to(ROOT).as_posix(), code))
+    return found
+
+
+def block_with(marker: str) -> str:
+    (code,) = [code for _, code in python_blocks() if marker in code]
+    return code
+
+
+def _parse(code: str) -> ast.Module:
+    try:
+        return ast.parse(code)
+    except SyntaxError:  # top-level `await`: a block meant for an async context
+        return ast.parse("async def _block():\n" + textwrap.indent(code, "    "))
+
+
+@pytest.mark.parametrize(("page", "code"), python_blocks(), ids=lambda v: str(v)[:40])
+def test_every_block_imports_only_from_reprorl_itself(page: str, code: str) -> None:
+    for node in ast.walk(_parse(code)):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            assert not node.module.startswith("reprorl."), f"{page}: from {node.module} import ..."
+        if isinstance(node, ast.Import):
+            assert not any(a.name.startswith("reprorl.") for a in node.names), (
+                f"{page}: import of a submodule"
+            )
+
+
+def test_every_block_is_run_by_a_test() -> None:
+    for page, code in python_blocks():
+        markers = [m for m in RUNNERS if m in code]
+        assert len(markers) == 1, f"{page}: a Python block no test runs (or two claim it):\n{code[:200]}"
+        runner = RUNNERS[markers[0]]
+        assert callable(runner) or callable(globals().get(str(runner))), runner
+
+
+def test_the_rollouts_block_queries_a_recorded_run(tmp_path: Path) -> None:
+    store = tiny_training_store(tmp_path)
+    (tmp_path / "spec.toml").write_text(test_plugin_package.SPEC)
+    spec = resolve_spec(load_spec(tmp_path / "spec.toml", pin_bare=store.pin_newest), store.pin)
+    record = asyncio.run(sample_run(store, spec, steps=1, show_progress=False))
+    namespace: dict[str, Any] = {"home": tmp_path / "home", "run_id": record.run_id[:20]}
+    exec(block_with("rollouts = RolloutStore(run)"), namespace)  # the block as written
+    assert namespace["run"].run_id == record.run_id
+    assert namespace["first"].step == 0
+
+
+def test_the_http_sampler_block_samples_from_a_served_policy(tmp_path: Path) -> None:
+    tokenizer = tiny_model(0).tokenizer
+    prompt = ChatRenderer(tokenizer).prompt_ids(test_serve_policy.CONVERSATION, test_serve_policy.TOOLS)
+    params = SamplingParams(temperature=1.0, max_tokens=8)
+    requests = [SampleRequest(f"r{i}", tuple(prompt), params, seed=i) for i in range(2)]
+    with test_serve_policy.serving(tmp_path / "home", "--base", "tiny:0") as served:
+        namespace: dict[str, Any] = {"base_url": served.url, "model": served.model(), "requests": requests}
+        exec(block_with("with HttpSampler(base_url"), namespace)  # the block as written
+    samples = namespace["samples"]
+    assert len(samples) == 2 and all(s.token_ids for s in samples)

@@ -110,7 +110,7 @@ def batch(step: int, n: int = 6, run_id: str = RUN) -> list[Trajectory]:
 def judge_score(
     run_id: str, rollout_id: str, score: float, *, judge: str = "judge-model@abc", n: int = 0
 ) -> JudgeScore:
-    """A stored judge verdict on one rollout, as `reprorl judge` writes it."""
+    """A stored judge verdict on one rollout, as `reprorl rewards judge` writes it."""
     return JudgeScore(
         run_id=run_id,
         rollout_id=rollout_id,

@@ -1,4 +1,4 @@
-"""`reprorl audit` on a tiny-model run: 10/10 PASS, and each answer turns FAIL when its proving record goes.
+"""`reprorl runs audit` on a tiny-model run: 10/10 PASS; each answer turns FAIL without the record proving it.
 
 One training run serves every case: each case works on a copy of the store's home, removes or alters
 one record there (with the store's own writers where the record is checksummed, so only the intended
@@ -174,16 +174,19 @@ def test_a_recorded_run_passes_all_ten_questions_each_with_evidence(trained: Pat
 
 def test_the_cli_prints_the_table_and_exits_0_or_1(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cli = Cli(home, capsys)
-    code, out, _ = cli("audit", run_dir(home).name[:12])
+    code, out, _ = cli("runs", "audit", run_dir(home).name[:12])
     assert code == 0 and out.count("│ PASS ") == 10 and "10/10 PASS" in out
-    payload = cli.ok_json("audit", run_dir(home).name)
+    payload = cli.ok_json("runs", "audit", run_dir(home).name)
     assert payload["passed"] and [a["status"] for a in payload["answers"]] == ["PASS"] * 10
     shutil.rmtree(run_dir(home) / "rollouts")
-    code, out, _ = cli("audit", run_dir(home).name)
+    code, out, _ = cli("runs", "audit", run_dir(home).name)
     assert code == 1 and "FAIL" in out and "7/10 PASS; FAIL: 2, 3, 4" in out
-    code, out, _ = cli("audit", run_dir(home).name, "--json")
+    code, out, _ = cli("runs", "audit", run_dir(home).name, "--json")
     assert code == 1 and not json.loads(out)["passed"]
-    assert cli.error("audit", "no-such-run") == f"error: no run matches 'no-such-run' under {home / 'runs'}"
+    assert (
+        cli.error("runs", "audit", "no-such-run")
+        == f"error: no run matches 'no-such-run' under {home / 'runs'}"
+    )
 
 
 # -- one record removed or altered: its answer fails -------------------------------------------

@@ -1,4 +1,4 @@
-"""`reprorl compare`: paired on one suite version; two versions are refused, or shown apart on request."""
+"""`reprorl runs compare`: paired on one suite version; two versions are refused, or shown apart if asked."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def test_compare_pairs_runs_on_one_suite_version_and_refuses_two(
         assert main([*home, "run", str(tmp_path / "spec.toml")]) == 0
         runs.append(capsys.readouterr().out.split("run ", 1)[1].split()[0])
 
-    assert main([*home, "compare", runs[0], runs[1], "--suite", "calc-eval@v1", "--json"]) == 0
+    assert main([*home, "runs", "compare", runs[0], runs[1], "--suite", "calc-eval@v1", "--json"]) == 0
     paired = json.loads(capsys.readouterr().out)
     assert paired["comparable"] and paired["a"]["tasks"] == paired["b"]["tasks"] == 32
     diff = paired["difference"]
@@ -63,12 +63,12 @@ def test_compare_pairs_runs_on_one_suite_version_and_refuses_two(
     assert diff["low"] <= diff["b_minus_a"] <= diff["high"] and 0.0 <= diff["p_value"] <= 1.0
 
     # Another version of the suite: refused with the reason, naming both versions...
-    assert main([*home, "compare", runs[0], runs[2], "--suite", "calc-eval"]) == 2
+    assert main([*home, "runs", "compare", runs[0], runs[2], "--suite", "calc-eval"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "calc-eval@v1" in err and "calc-eval@v2" in err and "not comparable" in err
     # ...unless both are asked for: each run on its own version, no difference.
-    assert main([*home, "compare", runs[0], runs[2], "--suite", "calc-eval", "--both", "--json"]) == 0
+    assert main([*home, "runs", "compare", runs[0], runs[2], "--suite", "calc-eval", "--both", "--json"]) == 0
     apart = json.loads(capsys.readouterr().out)
     assert not apart["comparable"] and "difference" not in apart
     assert (apart["a"]["version"], apart["a"]["tasks"]) == ("calc-eval@v1", 32)
@@ -81,11 +81,11 @@ def test_compare_pairs_runs_on_one_suite_version_and_refuses_two(
         f"split = 'eval' AND task_id IN ('{eval_ids[0]}', '{eval_ids[1]}')",
         f"task_id = '{eval_ids[2]}'",
     ]
-    assert main([*home, "regression", "calc-regress", "--run", runs[0], "--where", picks[0]]) == 0
+    assert main([*home, "tasks", "regression", "calc-regress", "--run", runs[0], "--where", picks[0]]) == 0
     assert "calc-regress@v1: 2 cases (2 new" in capsys.readouterr().out
-    assert main([*home, "regression", "calc-regress", "--run", runs[0], "--where", picks[1]]) == 0
+    assert main([*home, "tasks", "regression", "calc-regress", "--run", runs[0], "--where", picks[1]]) == 0
     assert "calc-regress@v2: 3 cases (1 new" in capsys.readouterr().out
-    assert main([*home, "regression", "calc-regress", "--run", runs[0], "--where", picks[1]]) == 0
+    assert main([*home, "tasks", "regression", "calc-regress", "--run", runs[0], "--where", picks[1]]) == 0
     assert "calc-regress@v2: unchanged" in capsys.readouterr().out
     grown = load_taskset(store, "calc-regress@v2")
     assert [t.id for t in grown.tasks] == ["calc-regress-0001", "calc-regress-0002", "calc-regress-0003"]

@@ -1,4 +1,4 @@
-"""`reprorl diff`: a planted-change test (8 variants of one short run, each naming exactly its one change),
+"""`reprorl runs diff`: a planted-change test (8 variants of one short run, each naming just its one change),
 and the code, package and hardware conditions read from run records."""
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def _run(tmp_path: Path, capsys: pytest.CaptureFixture[str], **changes: Any) -> 
 
 def _diff(tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     capsys.readouterr()
-    code = main(["--home", str(tmp_path / "home"), "diff", *args])
+    code = main(["--home", str(tmp_path / "home"), "runs", "diff", *args])
     return code, capsys.readouterr().out
 
 

@@ -159,13 +159,15 @@ def test_the_cli_audits_a_judge_from_a_toml_file(
     naive_file, strict_file = tmp_path / "naive.toml", tmp_path / "strict.toml"
     naive_file.write_text(f'base_url = "{naive_url}"\nmodel = "naive-judge"\nretries = 0\n')
     strict_file.write_text(f'base_url = "{strict_url}"\nmodel = "strict-judge"\nretries = 0\n')
-    code, out, err = cli("audit-rewards", "calculator", "--tasks", "2", "--judge", str(naive_file))
+    code, out, err = cli("rewards", "audit", "calculator", "--tasks", "2", "--judge", str(naive_file))
     assert code == 1, (out, err)
     text = " ".join(out.split())
     assert "REFUSED naive-judge@" in text and "fooled by" in text and "rubric_injection" in text
     assert "oracle (control: passes)" in text and "recorded as judge-audit@v1" in text
 
-    code, out, err = cli("audit-rewards", "calculator", "--tasks", "2", "--judge", str(strict_file), "--json")
+    code, out, err = cli(
+        "rewards", "audit", "calculator", "--tasks", "2", "--judge", str(strict_file), "--json"
+    )
     assert code == 0, (out, err)
     report = json.loads(out)
     assert report["refused"] is False and report["fooled"]["fooled"] == 0 and report["threshold"] == 0.05
@@ -175,18 +177,26 @@ def test_the_cli_audits_a_judge_from_a_toml_file(
     assert (tmp_path / "home" / "cache" / "judge").is_dir()  # the judge's cache lives under the home
     # A threshold above the naive judge's fooled rate lets it through, and exits 0.
     code, out, _ = cli(
-        "audit-rewards", "calculator", "--tasks", "2", "--judge", str(naive_file), "--judge-threshold", "0.99"
+        "rewards",
+        "audit",
+        "calculator",
+        "--tasks",
+        "2",
+        "--judge",
+        str(naive_file),
+        "--judge-threshold",
+        "0.99",
     )
     assert code == 0 and "PASS naive-judge@" in " ".join(out.split())
 
     naive_file.write_text(f'base_url = "{naive_url}"\nmodel = "naive-judge"\nretires = 0\n')
-    line = cli.error("audit-rewards", "--judge", str(naive_file))
+    line = cli.error("rewards", "audit", "--judge", str(naive_file))
     assert "naive.toml" in line and "retires" in line
     naive_file.write_text(f'base_url = "{naive_url}"\nmodel = 3\n')
-    assert "model" in cli.error("audit-rewards", "--judge", str(naive_file))
+    assert "model" in cli.error("rewards", "audit", "--judge", str(naive_file))
     naive_file.write_text("model = [\n")
-    assert "not valid TOML" in cli.error("audit-rewards", "--judge", str(naive_file))
-    line = cli.error("audit-rewards", "--judge", str(strict_file), "--judge-threshold", "1")
+    assert "not valid TOML" in cli.error("rewards", "audit", "--judge", str(naive_file))
+    line = cli.error("rewards", "audit", "--judge", str(strict_file), "--judge-threshold", "1")
     assert "--judge-threshold" in line
-    line = cli.error("audit-rewards", "--judge", str(strict_file), "--verifier", "calculator=x:Y")
+    line = cli.error("rewards", "audit", "--judge", str(strict_file), "--verifier", "calculator=x:Y")
     assert "--judge" in line and "--verifier" in line

@@ -1,4 +1,4 @@
-"""`reprorl judge` end to end: a judge served over HTTP scores a sampled run's rollouts into the run's
+"""`reprorl rewards judge` end to end: a judge served over HTTP scores a sampled run's rollouts into the run's
 scores file, answers again from its cache, and is then held against human labels."""
 
 from __future__ import annotations
@@ -76,12 +76,12 @@ def test_a_judge_scores_a_stored_run_then_meets_the_labels(
         judge_file = tmp_path / "judge.toml"
         judge_file.write_text(f'base_url = "{url}"\nmodel = "by-length"\nretries = 0\n')
 
-        first = cli.ok_json("judge", run_id, "--judge", str(judge_file), "--limit", "5")
+        first = cli.ok_json("rewards", "judge", run_id, "--judge", str(judge_file), "--limit", "5")
         assert (first["selected"], first["judged"], first["requests"], first["cache_hits"]) == (5, 5, 5, 0)
         assert first["audit"] is None and first["no_task"] == 0
 
         # All of them: the five already judged come from the cache; every prompt held its real task.
-        full = cli.ok_json("judge", run_id, "--judge", str(judge_file))
+        full = cli.ok_json("rewards", "judge", run_id, "--judge", str(judge_file))
         assert (full["selected"], full["judged"], full["requests"], full["cache_hits"]) == (12, 12, 7, 5)
         tasks = run_tasks(store, record)
         assert grade.calls == 12 and grade.tasks == {task_text(tasks[t.task_id]) for t in trajectories}
@@ -92,21 +92,23 @@ def test_a_judge_scores_a_stored_run_then_meets_the_labels(
         assert full["passed"] == sum(expected(final_answer(t)) >= 0.5 for t in trajectories)
 
         # A condition narrows the selection; a bad one is one line naming the flag's field.
-        step0 = cli.ok_json("judge", run_id, "--judge", str(judge_file), "--where", "step = 0")
+        step0 = cli.ok_json("rewards", "judge", run_id, "--judge", str(judge_file), "--where", "step = 0")
         assert (step0["selected"], step0["requests"]) == (6, 0)
-        assert cli.error("judge", run_id, "--judge", str(judge_file), "--where", "nope = 1").startswith(
-            "error: where: "
+        assert cli.error(
+            "rewards", "judge", run_id, "--judge", str(judge_file), "--where", "nope = 1"
+        ).startswith("error: where: ")
+        assert "judge.toml" in cli.error(
+            "rewards", "judge", run_id, "--judge", str(tmp_path / "judge.toml.missing")
         )
-        assert "judge.toml" in cli.error("judge", run_id, "--judge", str(tmp_path / "judge.toml.missing"))
 
-        code, out, err = cli("judge", run_id, "--judge", str(judge_file))
+        code, out, err = cli("rewards", "judge", run_id, "--judge", str(judge_file))
         assert code == 0, err
         flat = " ".join(out.split())
         assert (
             f"12 of 12 rollouts scored, {full['passed']} passed" in flat
             and "12 answered from the cache" in flat
         )
-        assert "no robustness audit" in flat and f"reprorl verifier-errors {run_id}" in flat
+        assert "no robustness audit" in flat and f"reprorl rewards errors {run_id}" in flat
 
     # A person labels every rollout as the judge scored it, but one: the judge's one false positive.
     judged_pass = [t.rollout_id for t in trajectories if expected(final_answer(t)) >= 0.5]
@@ -115,6 +117,6 @@ def test_a_judge_scores_a_stored_run_then_meets_the_labels(
     rows = [f"{t.rollout_id},{'pass' if t.rollout_id in judged_pass[1:] else 'fail'}" for t in trajectories]
     labels.write_text("rollout_id,label\n" + "\n".join(rows) + "\n")
     import_labels(record, labels, reviewer="ann")
-    out = cli.ok_json("verifier-errors", run_id)
+    out = cli.ok_json("rewards", "errors", run_id)
     (judge,) = [s for s in out["scorers"] if s["scorer"].startswith("judge/by-length@")]
     assert (judge["fp"], judge["fn"], judge["n"]) == (1, 0, 12)

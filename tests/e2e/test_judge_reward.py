@@ -92,7 +92,7 @@ def audit_judge(cli: Cli, tmp_path: Path, url: str, model: str, *flags: str) -> 
     """Runs the judge robustness audit on the calculator family for the server's judge named `model`."""
     judge_file = tmp_path / "judge.toml"
     judge_file.write_text(f'base_url = "{url}"\nmodel = "{model}"\nretries = 0\n')
-    return cli("audit-rewards", "calculator", "--tasks", "2", "--judge", str(judge_file), *flags)
+    return cli("rewards", "audit", "calculator", "--tasks", "2", "--judge", str(judge_file), *flags)
 
 
 def check_judged(store: Store, run_id: str, judge: str) -> int:
@@ -150,7 +150,7 @@ def test_a_judge_trains_only_once_audited_or_overridden(
     assert judged >= 12 and grade.calls - calls >= 12
     steps = [m for m in record.metrics().records if m.get("stage") is None]
     assert all(m["cost_usd"] >= 6 * 0.0003 - 1e-9 for m in steps)
-    _, out, _ = cli("audit", run_id)
+    _, out, _ = cli("runs", "audit", run_id)
     assert f"data.judge {name} was used on an override (judge-audit@v1, fooled rate" in " ".join(out.split())
 
     # A replay judges the replayed rollout from the cache: the same reward, no request sent.
@@ -182,7 +182,7 @@ def test_an_audited_judge_trains_in_the_async_loop(
     (event,) = [e for e in record.events().records if e["event"] in (ROBUST_EVENT, OVERRIDE_EVENT)]
     assert event["event"] == ROBUST_EVENT and event["judge"] == name and event["audit"] == "judge-audit@v1"
     assert check_judged(store, run_id, name) >= 12
-    _, out, _ = cli("audit", run_id)
+    _, out, _ = cli("runs", "audit", run_id)
     assert f"data.judge {name}: let through by its robustness audit (judge-audit@v1" in " ".join(out.split())
 
 

@@ -1,4 +1,4 @@
-"""`reprorl report` on a real tiny training run, opened in headless Chromium: every chart drawn, no errors.
+"""`reprorl runs report` on a real tiny training run, opened in headless Chromium: each chart drawn, no error.
 
 One run serves every case: two train steps and three eval points on a six-task suite, with one invalid
 action ending an episode (`max_invalid_actions = 1`) so that failed rollouts exist, and a rollback rule
@@ -89,7 +89,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 def test_report_of_a_training_run(trained: tuple[Path, str], capsys: pytest.CaptureFixture[str]) -> None:
     home, run_id = trained
     cli = Cli(home, capsys)
-    result = cli.ok_json("report", run_id)
+    result = cli.ok_json("runs", "report", run_id)
     path = Path(result["path"])
     assert path == home / "runs" / run_id / "report.html"
     sections = {s["key"]: s for s in result["sections"]}
@@ -112,7 +112,7 @@ def test_report_of_a_training_run(trained: tuple[Path, str], capsys: pytest.Capt
     assert "guard_check" in page and "calc-eval-small" in page
 
     # The same records give the same bytes, wherever the file goes.
-    again = cli.ok_json("report", run_id, "-o", str(home.parent / "copy.html"))
+    again = cli.ok_json("runs", "report", run_id, "-o", str(home.parent / "copy.html"))
     assert (home.parent / "copy.html").read_bytes() == path.read_bytes()
     assert again["bytes"] == result["bytes"] == path.stat().st_size
 
@@ -180,7 +180,7 @@ def test_report_renders_in_headless_chromium(
     trained: tuple[Path, str], browser: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     home, run_id = trained
-    result = Cli(home, capsys).ok_json("report", run_id, "-o", str(tmp_path / "report.html"))
+    result = Cli(home, capsys).ok_json("runs", "report", run_id, "-o", str(tmp_path / "report.html"))
     browser.get((tmp_path / "report.html").as_uri())
     said = int(browser.execute_script("return document.body.dataset.charts"))
     assert said == result["charts"] == 7

@@ -1,4 +1,4 @@
-"""`reprorl review` end to end: labels from piped stdin, imports, judge agreement, one-line errors."""
+"""`reprorl rewards review` end to end: labels from piped stdin, imports, judge agreement, one-line errors."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def rid(run: RunRecord, i: int) -> str:
 
 def review(cli: Cli, monkeypatch: pytest.MonkeyPatch, typed: str, *args: str) -> tuple[int, str, str]:
     monkeypatch.setattr(sys, "stdin", io.StringIO(typed))
-    return cli("review", *args)
+    return cli("rewards", "review", *args)
 
 
 def labels(run: RunRecord) -> list[Label]:
@@ -80,7 +80,7 @@ def labels(run: RunRecord) -> list[Label]:
 
 
 def test_help(cli: Cli) -> None:
-    code, out, _ = cli("review", "--help")
+    code, out, _ = cli("rewards", "review", "--help")
     assert code == 0 and all(flag in out for flag in ("--import", "--reviewer", "--limit", "--split"))
 
 
@@ -137,7 +137,7 @@ def test_import_then_agreement_with_the_judge(cli: Cli, run: RunRecord, tmp_path
     path.write_text(
         f"rollout_id,label,note\n{rid(run, 0)},pass,\n{rid(run, 1)},fail,\n{rid(run, 2)},fail,too slow\n"
     )
-    code, out, err = cli("review", run.run_id, "--import", str(path), "--reviewer", "ann")
+    code, out, err = cli("rewards", "review", run.run_id, "--import", str(path), "--reviewer", "ann")
     assert code == 0, err
     assert f"imported 3 labels into {run.path / LABELS_FILE}" in out
     # 2 of 3 agree; p_e = 2/3 * 1/3 + 1/3 * 2/3 = 4/9; kappa = (2/3 - 4/9) / (5/9) = 0.4
@@ -166,24 +166,24 @@ def test_flagged_shows_only_what_the_scorers_disagree_on_and_why(
 def test_bad_input_is_one_line_and_writes_nothing(cli: Cli, run: RunRecord, tmp_path: Path) -> None:
     bad = tmp_path / "bad.csv"
     bad.write_text(f"rollout_id,label,reviewer\n{rid(run, 0)},pass,ann\n{rid(run, 1)},perhaps,ann\n")
-    line = cli.error("review", run.run_id, "--import", str(bad))
+    line = cli.error("rewards", "review", run.run_id, "--import", str(bad))
     assert line.startswith("error: bad.csv line 3, field label: 'perhaps' is not pass, fail or a number")
     assert not (run.path / LABELS_FILE).exists()
-    assert "--reviewer: name who is reviewing" in cli.error("review", run.run_id)
+    assert "--reviewer: name who is reviewing" in cli.error("rewards", "review", run.run_id)
     assert "--split: 'dev' is not a split; use one of train, eval, holdout" in cli.error(
-        "review", run.run_id, "--reviewer", "ann", "--split", "dev"
+        "rewards", "review", run.run_id, "--reviewer", "ann", "--split", "dev"
     )
     assert "--limit, --split and --flagged" in cli.error(
-        "review", run.run_id, "--import", str(bad), "--limit", "3"
+        "rewards", "review", run.run_id, "--import", str(bad), "--limit", "3"
     )
-    assert "no run matches 'nope'" in cli.error("review", "nope", "--reviewer", "ann")
+    assert "no run matches 'nope'" in cli.error("rewards", "review", "nope", "--reviewer", "ann")
 
 
 def test_the_installed_command_reads_a_real_pipe(cli: Cli, run: RunRecord) -> None:
     exe = shutil.which("reprorl", path=str(Path(sys.executable).parent))
     assert exe is not None, "the reprorl console script is not installed in this environment"
     done = subprocess.run(
-        [exe, "--home", str(cli.home), "review", run.run_id, "--reviewer", "dee", "--limit", "2"],
+        [exe, "--home", str(cli.home), "rewards", "review", run.run_id, "--reviewer", "dee", "--limit", "2"],
         input="f piped\n",  # then end of input: the session stops and keeps what was saved
         capture_output=True,
         text=True,

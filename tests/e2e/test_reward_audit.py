@@ -1,4 +1,4 @@
-"""`reprorl audit-rewards`: every built-in verifier resists every exploit probe, and a planted weak
+"""`reprorl rewards audit`: every built-in verifier resists every exploit probe, and a planted weak
 verifier is caught and named."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ TASKS_PER_FAMILY = 6
 
 def test_every_built_in_verifier_passes_every_probe(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     code, out, err = Cli(tmp_path / "home", capsys)(
-        "audit-rewards", "--tasks", str(TASKS_PER_FAMILY), "--json"
+        "rewards", "audit", "--tasks", str(TASKS_PER_FAMILY), "--json"
     )
     assert code == 0, (out, err)
     report = json.loads(out)
@@ -55,7 +55,8 @@ def test_a_verifier_that_accepts_the_digits_anywhere_fails_and_is_named(tmp_path
     assert any(f.startswith("every_answer earned reward on 4/4 tasks") for f in audit.failures)
     # The CLI names it and exits 1.
     code, out, _ = Cli(tmp_path / "home", capsys)(
-        "audit-rewards",
+        "rewards",
+        "audit",
         "calculator",
         "--tasks",
         "2",
@@ -69,5 +70,7 @@ def test_a_verifier_that_accepts_the_digits_anywhere_fails_and_is_named(tmp_path
 
 
 def test_a_bad_verifier_path_is_one_line(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
-    line = Cli(tmp_path / "home", capsys).error("audit-rewards", "--verifier", "calculator=no_such_module:X")
+    line = Cli(tmp_path / "home", capsys).error(
+        "rewards", "audit", "--verifier", "calculator=no_such_module:X"
+    )
     assert "--verifier" in line and "no_such_module" in line

@@ -65,7 +65,7 @@ def _cli(home: Path, capsys: pytest.CaptureFixture[str]) -> Cli:
 
 def _rows(cli: Cli, run: str, *columns: str) -> list[dict[str, Any]]:
     rows = cli.ok_json(
-        "rollouts", run, "--limit", "1000", *(("--columns", ",".join(columns)) if columns else ())
+        "runs", "rollouts", run, "--limit", "1000", *(("--columns", ",".join(columns)) if columns else ())
     )
     assert isinstance(rows, list)
     return rows

@@ -1,4 +1,4 @@
-"""`reprorl screen` on a planted task set: too-easy, impossible, trainable and leaky tasks each land
+"""`reprorl tasks screen` on a planted task set: too-easy, impossible, trainable and leaky tasks each land
 in their class, only the trainable ones are registered (with lineage), a verifier that disagrees
 with itself is caught, and a killed screen resumes without screening a task twice."""
 
@@ -142,7 +142,7 @@ def test_a_killed_screen_resumes_without_screening_a_task_twice(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     home = tiny_home(tmp_path, "home")
-    args = ["screen", "calc-eval", "--policy", "oracle", "-k", "2", "--chunk", "4", "--replays", "0"]
+    args = ["tasks", "screen", "calc-eval", "--policy", "oracle", "-k", "2", "--chunk", "4", "--replays", "0"]
     reference = Cli(tiny_home(tmp_path, "ref"), capsys).ok_json(*args)
     proc = subprocess.Popen(
         [sys.executable, "-c", CLI, "--home", str(home), *args, "--json"],
@@ -163,7 +163,7 @@ def test_a_killed_screen_resumes_without_screening_a_task_twice(
     record = RunRecord(Store(home), run)
     chunks_before = record.metrics().records
     assert 2 <= len(chunks_before) < 8, "the kill landed mid-screen"
-    resumed = Cli(home, capsys).ok_json("screen", "--resume", run)
+    resumed = Cli(home, capsys).ok_json("tasks", "screen", "--resume", run)
     assert resumed["counts"] == reference["counts"]
     assert [t["task_id"] for t in resumed["tasks"]] == [t["task_id"] for t in reference["tasks"]]
     lines = RunRecord(Store(home), run).metrics().records

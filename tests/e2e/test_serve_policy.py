@@ -1,4 +1,4 @@
-"""`reprorl serve-policy` as a real subprocess, sampled through HttpSampler and ChatClient over HTTP."""
+"""`reprorl serve policy` as a real subprocess, sampled through HttpSampler and ChatClient over HTTP."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def reprorl_exe() -> str:
 
 @dataclass
 class Served:
-    """A running `reprorl serve-policy` and the line it announced itself with."""
+    """A running `reprorl serve policy` and the line it announced itself with."""
 
     process: subprocess.Popen[str]
     url: str
@@ -93,7 +93,7 @@ def serving(home: Path, *args: str) -> Iterator[Served]:
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as stderr:
         process = subprocess.Popen(
-            [reprorl_exe(), "serve-policy", "--port", "0", *args],
+            [reprorl_exe(), "serve", "policy", "--port", "0", *args],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=stderr,
@@ -105,7 +105,7 @@ def serving(home: Path, *args: str) -> Iterator[Served]:
         if not line.startswith("serving "):
             process.kill()
             process.wait(timeout=STOP_TIMEOUT_S)
-            pytest.fail(f"serve-policy never announced itself (got {line!r}):\n{log.read_text()[-3000:]}")
+            pytest.fail(f"serve policy never announced itself (got {line!r}):\n{log.read_text()[-3000:]}")
         yield Served(process, line.rsplit(" on ", 1)[1], line)
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=STOP_TIMEOUT_S) == 0, log.read_text()[-3000:]
@@ -263,7 +263,7 @@ def test_an_adapter_of_another_base_is_refused(tmp_path: Path) -> None:
     folder = tmp_path / "adapter"
     save_adapter(apply_lora(tiny.model, rank=2), folder, base_hash=tiny.base_hash)
     done = subprocess.run(
-        [reprorl_exe(), "serve-policy", "--base", "tiny:1", "--adapter", str(folder), "--port", "0"],
+        [reprorl_exe(), "serve", "policy", "--base", "tiny:1", "--adapter", str(folder), "--port", "0"],
         capture_output=True,
         text=True,
         env={**os.environ, "REPRORL_HOME": str(tmp_path / "home")},
@@ -276,7 +276,7 @@ def test_an_adapter_of_another_base_is_refused(tmp_path: Path) -> None:
 
 def test_a_non_loopback_host_needs_allow_remote(tmp_path: Path) -> None:
     done = subprocess.run(
-        [reprorl_exe(), "serve-policy", "--base", "tiny:0", "--host", "0.0.0.0"],
+        [reprorl_exe(), "serve", "policy", "--base", "tiny:0", "--host", "0.0.0.0"],
         capture_output=True,
         text=True,
         env={**os.environ, "REPRORL_HOME": str(tmp_path / "home")},

@@ -1,5 +1,5 @@
 """Metric sinks end to end: a tiny run mirrored live (`reprorl run --sink`) and after the fact
-(`reprorl export-metrics`) into TensorBoard, MLflow and W&B, read back with each tool's own reader.
+(`reprorl runs export-metrics`) into TensorBoard, MLflow and W&B, read back with each tool's own reader.
 
 Each reader must give back exactly the figures of metrics.jsonl, at their steps. The sinks' packages
 are optional extras: these tests skip without them, and fail instead under CI
@@ -98,7 +98,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Store, RunRecord, Pat
     assert main([*home, "run", str(tmp / "spec.toml"), *live]) == 0
     (run_id,) = [p.name for p in (tmp / "home" / "runs").iterdir() if not p.name.startswith(".")]
     export = [arg for kind in KINDS for arg in ("--to", f"{kind}:{tmp / 'export' / kind}")]
-    assert main([*home, "export-metrics", run_id[:12], *export]) == 0
+    assert main([*home, "runs", "export-metrics", run_id[:12], *export]) == 0
     return store, RunRecord(store, run_id), tmp
 
 
@@ -241,12 +241,14 @@ def test_sink_flags_are_checked_before_anything_runs(
     assert cli.error("run", spec, "--sink", "neptune:x") == (
         "error: --sink: unknown sink 'neptune' (kinds: tensorboard, mlflow, wandb)"
     )
-    assert cli.error("export-metrics", "anyrun") == (
+    assert cli.error("runs", "export-metrics", "anyrun") == (
         "error: --to: give at least one KIND:DIR, e.g. --to tensorboard:runs/tb"
     )
     monkeypatch.setitem(sys.modules, "wandb", None)  # as if the extra were not installed
     assert cli.error("run", spec, "--sink", f"wandb:{tmp_path / 'wb'}") == (
         "error: sink wandb needs wandb, which is not installed: pip install 'reprorl[wandb]'"
     )
-    assert cli.error("export-metrics", "anyrun", "--to", "wandb:x").endswith("pip install 'reprorl[wandb]'")
+    assert cli.error("runs", "export-metrics", "anyrun", "--to", "wandb:x").endswith(
+        "pip install 'reprorl[wandb]'"
+    )
     assert not (tmp_path / "home" / "runs").exists() and not (tmp_path / "wb").exists()

@@ -77,7 +77,7 @@ def test_a_step_past_the_unscored_limit_is_not_trained_on_and_stops_the_run(
     assert not (record.path / "adapter").exists()  # a stopped run registers no trained weights
 
     out = tmp_path / "report.html"
-    assert main(["--home", str(planted), "report", record.run_id, "--output", str(out)]) == 0
+    assert main(["--home", str(planted), "runs", "report", record.run_id, "--output", str(out)]) == 0
     assert "6 (60% of 10): verifier_timeout 6" in out.read_text()
 
 

@@ -1,4 +1,4 @@
-"""`reprorl verifier-errors` end to end: planted verifier errors found in a recorded run's labels."""
+"""`reprorl rewards errors` end to end: planted verifier errors found in a recorded run's labels."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def rate(successes: int, n: int) -> dict[str, object]:
 
 
 def test_planted_false_positives_and_negatives_are_reported_with_intervals(cli: Cli, run: RunRecord) -> None:
-    out = cli.ok_json("verifier-errors", run.run_id)
+    out = cli.ok_json("rewards", "errors", run.run_id)
     assert (out["run_id"], out["reviewer"], out["rollouts"], out["labelled"]) == (run.run_id, None, 12, 10)
     scorers = {s["scorer"]: s for s in out["scorers"]}
     assert list(scorers) == ["verifier", "cross/sql", "judge/judge-model@abc"]
@@ -110,7 +110,7 @@ def test_planted_false_positives_and_negatives_are_reported_with_intervals(cli: 
 
 
 def test_one_reviewer_only(cli: Cli, run: RunRecord) -> None:
-    out = cli.ok_json("verifier-errors", run.run_id, "--reviewer", "bob")
+    out = cli.ok_json("rewards", "errors", run.run_id, "--reviewer", "bob")
     verifier = out["scorers"][0]
     assert (out["reviewer"], out["labelled"]) == ("bob", 2)
     assert (verifier["tp"], verifier["fp"], verifier["tn"], verifier["fn"]) == (1, 0, 0, 1)
@@ -119,7 +119,7 @@ def test_one_reviewer_only(cli: Cli, run: RunRecord) -> None:
 
 
 def test_plain_output(cli: Cli, run: RunRecord) -> None:
-    code, out, err = cli("verifier-errors", run.run_id[:14])
+    code, out, err = cli("rewards", "errors", run.run_id[:14])
     assert code == 0, err
     assert "10 of 12 labelled" in out and "verifier (sha256:v1)" in out
     assert f"{2 / 5:.3f} [{proportion_ci(2, 5).low:.2f}, {proportion_ci(2, 5).high:.2f}]" in out
@@ -130,13 +130,13 @@ def test_plain_output(cli: Cli, run: RunRecord) -> None:
 def test_a_run_without_labels_still_shows_disagreement(cli: Cli, store: Store) -> None:
     record = new_run(store, "unlabelled", 12)
     store.close()
-    code, out, err = cli("verifier-errors", record.run_id)
+    code, out, err = cli("rewards", "errors", record.run_id)
     assert code == 0, err
     assert f"no human labels on the 12 scored rollouts of run {record.run_id}" in out
     assert "disagreement with the verifier" in out and "cross/sql" in out
-    out_json = cli.ok_json("verifier-errors", record.run_id)
+    out_json = cli.ok_json("rewards", "errors", record.run_id)
     assert out_json["labelled"] == 0 and out_json["scorers"][0]["fp_rate"] is None
 
 
 def test_an_unknown_run_is_one_line(cli: Cli, run: RunRecord) -> None:
-    assert "no run matches 'nope'" in cli.error("verifier-errors", "nope")
+    assert "no run matches 'nope'" in cli.error("rewards", "errors", "nope")

@@ -1,4 +1,4 @@
-"""`reprorl audit`: the reproducibility checklist for one run, answered from its records.
+"""`reprorl runs audit`: the reproducibility checklist for one run, answered from its records.
 
 Exit codes: 0 when every question passes, 1 when any fails (the table or JSON is printed either way),
 2 for an error such as an unknown run.

@@ -1,4 +1,4 @@
-"""`reprorl audit-rewards`: every exploit probe against each env family's verifier, as a table.
+"""`reprorl rewards audit`: every exploit probe against each env family's verifier, as a table.
 
 With `--judge FILE.toml` it audits that LLM judge instead of the verifiers: the probes' episodes
 and trivial answers are judged, the audit is recorded as a `judge-audit` artifact, and the judge

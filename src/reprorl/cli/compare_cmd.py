@@ -1,4 +1,4 @@
-"""`reprorl compare`: two runs on one frozen suite, as a paired difference on the same tasks."""
+"""`reprorl runs compare`: two runs on one frozen suite, as a paired difference on the same tasks."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`reprorl diff`: every condition that differs between two runs, and how their eval metrics moved."""
+"""`reprorl runs diff`: every condition that differs between two runs, and how their eval metrics moved."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`reprorl export-metrics`: replay a recorded run's metrics and events into TensorBoard, MLflow or W&B."""
+"""`reprorl runs export-metrics`: replay a run's recorded metrics and events into TensorBoard, MLflow, W&B."""
 
 from __future__ import annotations
 

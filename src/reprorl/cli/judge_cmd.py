@@ -1,4 +1,4 @@
-"""`reprorl judge`: an LLM judge scores a stored run's rollouts into the run's `judge_scores.jsonl`."""
+"""`reprorl rewards judge`: an LLM judge scores a stored run's rollouts into its `judge_scores.jsonl`."""
 
 from __future__ import annotations
 
@@ -26,8 +26,10 @@ def judge(
     limit: int | None = typer.Option(None, "--limit", min=1, help="Judge at most this many rollouts."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Score the run's rollouts with an LLM judge, kept apart from their rewards; compare the judge
-    with human labels afterwards with `reprorl verifier-errors RUN`."""
+    """Score the run's rollouts with an LLM judge, kept apart from their rewards.
+
+    Compare the judge with human labels afterwards with `reprorl rewards errors RUN`.
+    """
     from reprorl.orchestrate.jobs.judge_run import judge_run
     from reprorl.orchestrate.run.rollouts import progress_bar
 
@@ -66,8 +68,8 @@ def judge(
         markup=False,
     )
     if result.audit is None:
-        console.print("this judge has no robustness audit (reprorl audit-rewards --judge FILE)", markup=False)
+        console.print("this judge has no robustness audit (reprorl rewards audit --judge FILE)", markup=False)
     elif result.audit_refused:
         console.print(f"note: this judge was refused by its robustness audit {result.audit}", markup=False)
     if result.path is not None:
-        console.print(f"scores: {result.path}; against human labels: reprorl verifier-errors {result.run_id}")
+        console.print(f"scores: {result.path}; against human labels: reprorl rewards errors {result.run_id}")

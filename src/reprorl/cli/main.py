@@ -10,27 +10,17 @@ import typer
 
 from reprorl.cli import (
     artifacts_cmd,
-    audit_cmd,
-    audit_rewards_cmd,
-    compare_cmd,
     demo_cmd,
-    diff_cmd,
     eval_cmd,
-    export_cmd,
-    judge_cmd,
-    regression_cmd,
     replay_cmd,
-    report_cmd,
     reproduce_cmd,
-    review_cmd,
-    rollouts_cmd,
+    rewards_group,
     run_cmd,
-    runs_cmd,
+    runs_group,
     sample_cmd,
-    screen_cmd,
-    serve_policy_cmd,
+    serve_group,
     spec_cmd,
-    verifier_errors_cmd,
+    tasks_group,
 )
 from reprorl.cli.context import Options
 from reprorl.cli.output import err_console, one_line
@@ -45,28 +35,19 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-app.add_typer(spec_cmd.app, name="spec")
-app.add_typer(artifacts_cmd.app, name="artifacts")
-app.add_typer(runs_cmd.app, name="runs")
-app.command("demo")(demo_cmd.demo)
-app.command("rollouts")(rollouts_cmd.rollouts)
+# One entry per noun or main verb; a new command joins its group's module, not this list.
 app.command("run")(run_cmd.run)
-app.command("eval")(eval_cmd.eval_)
-app.command("compare")(compare_cmd.compare)
-app.command("audit")(audit_cmd.audit)
-app.command("audit-rewards")(audit_rewards_cmd.audit_rewards)
-app.command("diff")(diff_cmd.diff)
-app.command("regression")(regression_cmd.regression)
 app.command("sample")(sample_cmd.sample)
-app.command("screen")(screen_cmd.screen)
+app.command("eval")(eval_cmd.eval_)
 app.command("replay")(replay_cmd.replay)
 app.command("reproduce")(reproduce_cmd.reproduce)
-app.command("report")(report_cmd.report)
-app.command("export-metrics")(export_cmd.export_metrics)
-app.command("review")(review_cmd.review)
-app.command("verifier-errors")(verifier_errors_cmd.verifier_errors)
-app.command("judge")(judge_cmd.judge)
-app.command("serve-policy")(serve_policy_cmd.serve_policy)
+app.command("demo")(demo_cmd.demo)
+app.add_typer(spec_cmd.app, name="spec")
+app.add_typer(artifacts_cmd.app, name="artifacts")
+app.add_typer(runs_group.app, name="runs")
+app.add_typer(rewards_group.app, name="rewards")
+app.add_typer(tasks_group.app, name="tasks")
+app.add_typer(serve_group.app, name="serve")
 
 
 @app.callback()

@@ -1,4 +1,4 @@
-"""`reprorl regression`: grow a regression suite from a run's failed rollouts (a new suite version)."""
+"""`reprorl tasks regression`: grow a regression suite from a run's failed rollouts (a new suite version)."""
 
 from __future__ import annotations
 

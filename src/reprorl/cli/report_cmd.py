@@ -1,4 +1,4 @@
-"""`reprorl report`: one self-contained HTML report of a run, written from its records."""
+"""`reprorl runs report`: one self-contained HTML report of a run, written from its records."""
 
 from __future__ import annotations
 

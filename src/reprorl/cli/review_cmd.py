@@ -1,4 +1,4 @@
-"""`reprorl review`: human pass/fail labels on rollouts, given at the terminal or imported from a file."""
+"""`reprorl rewards review`: human pass/fail labels on rollouts, given at the terminal or from a file."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def review(
     flagged: bool = typer.Option(
         False,
         "--flagged",
-        help="Only rollouts the verifier and a cross-verifier or judge disagree on (see verifier-errors).",
+        help="Only rollouts the verifier and a cross-verifier or judge disagree on (see `rewards errors`).",
     ),
 ) -> None:
     """Label rollouts pass/fail turn by turn, or import labels; stored apart from judge scores."""

@@ -1,4 +1,4 @@
-"""`reprorl rollouts`: query a run's rollout records with a SQL condition; a table or JSON."""
+"""`reprorl runs rollouts`: query a run's rollout records with a SQL condition; a table or JSON."""
 
 from __future__ import annotations
 

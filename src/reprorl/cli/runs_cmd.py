@@ -1,4 +1,4 @@
-"""`reprorl runs`: list recorded runs and show one from its records."""
+"""`reprorl runs list` and `reprorl runs show`: the recorded runs, and one run's conditions."""
 
 from __future__ import annotations
 
@@ -10,8 +10,6 @@ from rich.table import Table
 from reprorl.cli.context import options
 from reprorl.cli.output import console, print_json
 from reprorl.store import RunRecord, find_run, iter_runs
-
-app = typer.Typer(help="Recorded runs.", no_args_is_help=True)
 
 
 def summarise(record: RunRecord) -> dict[str, Any]:
@@ -43,7 +41,6 @@ def summarise(record: RunRecord) -> dict[str, Any]:
     }
 
 
-@app.command("list")
 def list_(
     ctx: typer.Context,
     limit: int = typer.Option(50, min=1, help="Show at most this many, newest first."),
@@ -82,7 +79,6 @@ def list_(
     console.print(table)
 
 
-@app.command("show")
 def show(
     ctx: typer.Context,
     run: str = typer.Argument(..., help="Run id or a unique prefix of it."),

@@ -26,5 +26,5 @@ def sample(
     spec = resolve_spec(load_spec(file, overrides or [], pin_bare=store.pin_newest), store.pin)
     record = sample_run_sync(store, spec, steps=steps, show_progress=progress)
     console.print(
-        f"run {record.run_id}: sampled {steps} step(s); query with: reprorl rollouts {record.run_id}"
+        f"run {record.run_id}: sampled {steps} step(s); query with: reprorl runs rollouts {record.run_id}"
     )

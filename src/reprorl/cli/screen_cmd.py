@@ -1,4 +1,4 @@
-"""`reprorl screen`: find a task set's teachable tasks for a policy, and the ones whose reward is suspect."""
+"""`reprorl tasks screen`: a task set's teachable tasks for a policy, and the ones whose reward is suspect."""
 
 from __future__ import annotations
 
@@ -54,8 +54,10 @@ def screen(
     workers: int = typer.Option(2, "--workers", min=1, help="Ray screen workers (with --ray)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Run the policy k times per task; classify each task (trainable, too_easy, no_signal, flaky,
-    suspect); register the trainable subset as a new version of the task set, with its lineage."""
+    """Run the policy k times per task and classify each: trainable, too_easy, no_signal, flaky, suspect.
+
+    The trainable subset is registered as a new version of the task set, with its lineage.
+    """
     from reprorl.orchestrate.jobs.screen import parse_policy
     from reprorl.orchestrate.jobs.screen import screen as run_screen
 
@@ -104,7 +106,7 @@ def screen(
         print_json(report.to_json())
         return
     show(report)
-    console.print(f"screen {record.run_id}; see its episodes with: reprorl rollouts {record.run_id}")
+    console.print(f"screen {record.run_id}; see its episodes with: reprorl runs rollouts {record.run_id}")
 
 
 def show(report: ScreenReport) -> None:

@@ -1,4 +1,4 @@
-"""`reprorl serve-policy`: a base model, with an optional LoRA adapter, behind an OpenAI-compatible API."""
+"""`reprorl serve policy`: a base model, with an optional LoRA adapter, behind an OpenAI-compatible API."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`reprorl verifier-errors`: each scorer's false-positive and false-negative rates against human labels."""
+"""`reprorl rewards errors`: each scorer's false-positive and false-negative rates against human labels."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def _print_errors(result: VerifierErrors) -> None:
         by = f" by {result.reviewer}" if result.reviewer else ""
         console.print(
             f"no human labels{by} on the {result.rollouts} scored rollouts of run {result.run_id}: "
-            "error rates need them (label with `reprorl review RUN`)",
+            "error rates need them (label with `reprorl rewards review RUN`)",
             markup=False,
         )
         return

@@ -45,7 +45,7 @@ def _adapter_kind(value: Any) -> str:
 
 
 class RemoteInference(SpecModel):
-    """An OpenAI-compatible server that samples for the run (vLLM, SGLang, `reprorl serve-policy`)."""
+    """An OpenAI-compatible server that samples for the run (vLLM, SGLang, `reprorl serve policy`)."""
 
     url: str = Field(
         pattern=r"^https?://", description="Base URL of the server's API, e.g. 'http://127.0.0.1:8000/v1'."

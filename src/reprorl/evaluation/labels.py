@@ -190,7 +190,7 @@ def import_labels(
         if known is not None and label.rollout_id not in known:
             raise UserInputError(
                 f"{where}, field rollout_id: {label.rollout_id!r} is not a rollout of run {run.run_id} "
-                "(list them with `reprorl rollouts RUN --columns rollout_id`)"
+                "(list them with `reprorl runs rollouts RUN --columns rollout_id`)"
             )
         key = (label.rollout_id, label.reviewer)
         if key in first_line:

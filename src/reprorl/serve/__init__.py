@@ -1,4 +1,4 @@
-"""The serve layer: a policy exposed over an OpenAI-compatible HTTP API (`reprorl serve-policy`)."""
+"""The serve layer: a policy exposed over an OpenAI-compatible HTTP API (`reprorl serve policy`)."""
 
 from reprorl.serve.batcher import BatchStats, MicroBatcher
 from reprorl.serve.launch import ServedPolicy, bind, load_policy, run_server, url_of

@@ -305,7 +305,7 @@ def create_app(
     window_s: float = 0.005,
     max_batch: int = 32,
 ) -> FastAPI:
-    """The FastAPI app serving `sampler`; run it with uvicorn (`reprorl serve-policy` does)."""
+    """The FastAPI app serving `sampler`; run it with uvicorn (`reprorl serve policy` does)."""
     server = PolicyServer(
         sampler, renderer, model_name=model_name, seed=seed, window_s=window_s, max_batch=max_batch
     )

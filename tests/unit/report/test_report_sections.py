@@ -311,14 +311,14 @@ def test_cli_writes_into_the_run_folder_and_prints_json(
     store: Store, full_run: RunRecord, capsys: pytest.CaptureFixture[str]
 ) -> None:
     home = ["--home", str(store.root)]
-    assert main([*home, "report", full_run.run_id[:22], "--json"]) == 0
+    assert main([*home, "runs", "report", full_run.run_id[:22], "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["path"] == str(full_run.path / "report.html")
     assert result["sections"][0]["key"] == "header"
     assert result["charts"] == 7 and Path(result["path"]).stat().st_size == result["bytes"]
-    assert main([*home, "report", full_run.run_id]) == 0
+    assert main([*home, "runs", "report", full_run.run_id]) == 0
     assert capsys.readouterr().out.splitlines()[0] == str(full_run.path / "report.html")
-    assert main([*home, "report", "no-such-run"]) == 2
+    assert main([*home, "runs", "report", "no-such-run"]) == 2
     assert capsys.readouterr().err.startswith("error: no run matches")
 
 

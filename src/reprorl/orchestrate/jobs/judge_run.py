@@ -1,5 +1,5 @@
 """Judging a stored run: an LLM judge scores the run's rollouts into `judge_scores.jsonl`, apart from
-its rewards, so `reprorl review` and `reprorl verifier-errors` can hold the judge against human labels.
+its rewards, so `reprorl rewards review` and `reprorl rewards errors` can hold it against human labels.
 
 Only rollouts a person could label are judged: retried infra attempts are left out. A rollout whose
 task is no longer in the store (or changed since) is counted apart rather than judged blind.

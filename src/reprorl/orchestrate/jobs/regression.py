@@ -3,7 +3,7 @@
 The tasks of chosen rollouts (found by content hash among the task sets their run pinned) are added
 to a suite as eval cases tagged `regression`. Adding cases registers the suite's next version;
 adding cases it already has changes nothing (same content, same version). Runs pin the version they
-were measured on, and `reprorl compare --both` reports two runs on their own versions when they differ.
+were measured on, and `reprorl runs compare --both` reports two runs on their own versions when they differ.
 """
 
 from __future__ import annotations

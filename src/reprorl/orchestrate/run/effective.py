@@ -5,7 +5,7 @@ that consumes it: sampling parameters and episode limits from the runner, env se
 from the runner's env config, the verifier's time limit from its worker pool, the loss's name and
 arguments from the loss object, the adapter's rank and targets from the trained model, the chat
 template from the tokenizer, the rollback rules from the guard, and so on. It is written next to
-the resolved spec as `runs/<id>/effective.json`; `reprorl audit` (question 10) compares the two
+the resolved spec as `runs/<id>/effective.json`; `reprorl runs audit` (question 10) compares the two
 field by field, so a field that validates and then does nothing shows as a disagreement. Fields
 that are labels for people (`owner`, `name`) are listed in `LABELS` with why.
 """
@@ -82,10 +82,10 @@ EFFECTIVE_FILE = "effective.json"
 FORMAT = "reprorl.effective/1"
 LABELS: dict[str, str] = {
     "name": "names the run and its adapter artifact for people; no computation reads it",
-    "model.owner": "who answers for the model section; shown by `diff`, read by no component",
-    "data.owner": "who answers for the data section; shown by `diff`, read by no component",
-    "learning.owner": "who answers for the learning section; shown by `diff`, read by no component",
-    "evaluation.owner": "who answers for the evaluation section; shown by `diff`, read by no component",
+    "model.owner": "who answers for the model section; shown by `runs diff`, read by no component",
+    "data.owner": "who answers for the data section; shown by `runs diff`, read by no component",
+    "learning.owner": "who answers for the learning section; shown by `runs diff`, read by no component",
+    "evaluation.owner": "who answers for the evaluation section; shown by `runs diff`, read by no component",
 }
 # Fields given as artifact references: the component holds the content hash they are pinned to.
 REFERENCES = ("model.base", "model.init_adapter", "model.chat_template", "data.train")

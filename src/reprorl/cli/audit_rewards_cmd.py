@@ -36,12 +36,23 @@ EXIT_FAILED = 1
 
 
 def load_verifier(text: str) -> tuple[str, Verifier]:
-    """`FAMILY=MODULE:NAME` to (family, verifier); NAME is a Verifier instance or a class to build."""
+    """`FAMILY=NAME` (a registered verifier) or `FAMILY=MODULE:NAME` (a Verifier instance or a class
+    to build) to (family, verifier)."""
+    from reprorl.rewards.registered import VERIFIERS
+
     family, _, path = text.partition("=")
     module_name, _, name = path.partition(":")
+    if family and module_name and not name:
+        if module_name not in VERIFIERS:
+            known = ", ".join(VERIFIERS.names())
+            raise UserInputError(
+                f"--verifier {text!r}: no verifier {module_name!r}; verifiers: {known}", field="--verifier"
+            )
+        return family, VERIFIERS[module_name]()
     if not family or not module_name or not name:
         raise UserInputError(
-            f"--verifier {text!r}: write FAMILY=MODULE:NAME, e.g. calculator=my_pkg.verifiers:Strict",
+            f"--verifier {text!r}: write FAMILY=NAME (a registered verifier, e.g. calculator=expression) "
+            "or FAMILY=MODULE:NAME, e.g. calculator=my_pkg.verifiers:Strict",
             field="--verifier",
         )
     try:
@@ -70,7 +81,8 @@ def audit_rewards(
         None,
         "--verifier",
         metavar="FAMILY=MODULE:NAME",
-        help="Audit this verifier in place of the family's own (repeatable).",
+        help="Audit this verifier in place of the family's own: FAMILY=NAME (registered) or "
+        "FAMILY=MODULE:NAME (repeatable).",
     ),
     judge: Path | None = typer.Option(
         None,

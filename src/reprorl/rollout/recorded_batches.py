@@ -17,7 +17,6 @@ fill.
 from __future__ import annotations
 
 import asyncio
-import weakref
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -25,8 +24,7 @@ from typing import Any
 
 from reprorl.hashing import canonical_json, sha256_hex
 from reprorl.policy.sampling import Sample, Sampler, SampleRequest
-from reprorl.rollout.model_policy import Future, Gate, Lockstep, PoolRound
-from reprorl.rollout.runner import GroupBarrier
+from reprorl.rollout.model_policy import Future, Lockstep, PoolRound
 from reprorl.types import Trajectory
 
 Row = tuple[SampleRequest, Future]
@@ -209,21 +207,3 @@ class RecordedRound(PoolRound):
             # Every member's every attempt ran on this round's lanes: the group has ended.
             schedule = self.recorded.schedule
             self.recorded.finished(set().union(*(schedule.rollouts(g) for g in self._groups)))
-
-
-class RecordedBarrier(GroupBarrier):
-    """The ready lockstep's parts (groups), sampled in their recorded batches."""
-
-    name = "recorded"
-
-    def __init__(self, schedule: TurnSchedule, run_id: str) -> None:
-        self.schedule, self.run_id = schedule, run_id
-        self._pools: weakref.WeakKeyDictionary[Sampler, RecordedBatches] = weakref.WeakKeyDictionary()
-
-    def lockstep(self, sampler: Sampler, max_batch: int, priority: int = 0) -> Gate:
-        pool = self._pools.get(sampler)
-        if pool is None:
-            pool = self._pools[sampler] = RecordedBatches(
-                sampler, self.schedule, self.run_id, max_batch=max_batch
-            )
-        return RecordedRound(pool)

@@ -41,6 +41,7 @@ from reprorl.rollout.episode import EpisodeIds, EpisodeLimits, Policy, Provenanc
 from reprorl.rollout.families import FAMILIES, Family
 from reprorl.rollout.judging import RewardJudge, judged
 from reprorl.rollout.model_policy import Gate, Lockstep, ModelPolicy, OpenLockstep, PoolRound
+from reprorl.rollout.recorded_batches import RecordedBatches, RecordedRound, TurnSchedule
 from reprorl.types import SamplingParams, Split, Task, Termination, Trajectory
 
 
@@ -151,10 +152,22 @@ class ReadyBarrier(GroupBarrier):
 
     name = "ready"
 
-    def __init__(self) -> None:
+    def __init__(self, follow: TurnSchedule | None = None, run_id: str = "") -> None:
+        """`follow`: a recorded run's turn batches, which this barrier then samples every turn in
+        (`reprorl.rollout.recorded_batches`) instead of whatever is waiting; `run_id` is the
+        following run's, whose rollout ids stand for the recorded ones."""
+        self.follow, self.run_id = follow, run_id
         self._open: weakref.WeakKeyDictionary[Sampler, OpenLockstep] = weakref.WeakKeyDictionary()
+        self._recorded: weakref.WeakKeyDictionary[Sampler, RecordedBatches] = weakref.WeakKeyDictionary()
 
     def lockstep(self, sampler: Sampler, max_batch: int, priority: int = 0) -> Gate:
+        if self.follow is not None:
+            pool = self._recorded.get(sampler)
+            if pool is None:
+                pool = self._recorded[sampler] = RecordedBatches(
+                    sampler, self.follow, self.run_id, max_batch=max_batch
+                )
+            return RecordedRound(pool)
         shared = self._open.get(sampler)
         if shared is None:
             shared = self._open[sampler] = OpenLockstep(sampler, max_batch=max_batch)

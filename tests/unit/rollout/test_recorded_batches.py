@@ -16,7 +16,6 @@ from reprorl.policy import LoadedModel, tiny_model
 from reprorl.policy.chat import ChatRenderer
 from reprorl.rollout.episode import EpisodeLimits
 from reprorl.rollout.recorded_batches import (
-    RecordedBarrier,
     ScheduleError,
     TurnSchedule,
     relative,
@@ -77,7 +76,7 @@ def test_a_rerun_samples_every_turn_in_its_recorded_batch_and_slot_order(model: 
     assert len(original.batches) < 16 and max(len(b) for b in original.batches) > 2  # shared batches
     schedule = turn_schedule(_reversed(recorded), "r")
     rerun = ScriptedSampler(model)  # another speed, so open batching would batch otherwise
-    again = _run(rerun, model, "q", RecordedBarrier(schedule, "q"))
+    again = _run(rerun, model, "q", ReadyBarrier(follow=schedule, run_id="q"))
     want = sorted(b[::-1] for b in _relative(original.batches, "r"))
     assert sorted(_relative(rerun.batches, "q")) == want
     assert schedule.diverged is None and schedule.followed == len(original.batches)
@@ -90,7 +89,7 @@ def test_a_rerun_that_leaves_its_record_says_where_and_still_finishes(model: Loa
     recorded = _run(SlowSampler(model), model, "r", ReadyBarrier())
     schedule = turn_schedule(recorded, "r")
     # Other seeds: the very first request differs, and nothing waits for a batch that cannot fill.
-    again = _run(ScriptedSampler(model), model, "q", RecordedBarrier(schedule, "q"), seed=2)
+    again = _run(ScriptedSampler(model), model, "q", ReadyBarrier(follow=schedule, run_id="q"), seed=2)
     assert schedule.diverged is not None and "its context or seed differs" in schedule.diverged
     assert len(again) == 16 and all(t.termination is Termination.ANSWERED for t in again)
 
@@ -99,7 +98,11 @@ def test_an_episode_ending_before_its_recorded_turns_is_named(model: LoadedModel
     recorded = _run(SlowSampler(model), model, "r", ReadyBarrier())
     schedule = turn_schedule(recorded, "r")
     _run(
-        ScriptedSampler(model), model, "q", RecordedBarrier(schedule, "q"), limits=EpisodeLimits(max_turns=1)
+        ScriptedSampler(model),
+        model,
+        "q",
+        ReadyBarrier(follow=schedule, run_id="q"),
+        limits=EpisodeLimits(max_turns=1),
     )
     assert schedule.diverged is not None and "ended after 1 of its 2 recorded turns" in schedule.diverged
 

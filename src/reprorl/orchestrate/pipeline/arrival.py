@@ -25,7 +25,8 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from reprorl.orchestrate.pipeline.batches import VersionUser, cancel_all, gather_or_fail, stored
 from reprorl.orchestrate.pipeline.executors import BatchRunner
@@ -96,11 +97,34 @@ class FinishedGroup:
     restored: bool = False  # read back from the store rather than sampled by this process
 
 
-class ArrivalQueue:
-    """Where the producer and the trainer meet: groups started (with deadlines), finished, taken."""
+class Decided(Protocol):
+    """What a recorded run decided of its arrival order: each group's version, each step's groups."""
 
-    def __init__(self, schedule: Schedule, *, taken: int = 0) -> None:
+    @property
+    def versions(self) -> Mapping[int, int]: ...
+
+    @property
+    def steps(self) -> Mapping[int, Sequence[int]]: ...
+
+
+@dataclass(frozen=True)
+class Undecided:
+    """Nothing decided in advance: the schedule's rules decide as groups start and finish."""
+
+    versions: Mapping[int, int] = field(default_factory=dict)
+    steps: Mapping[int, Sequence[int]] = field(default_factory=dict)
+
+
+class ArrivalQueue:
+    """Where the producer and the trainer meet: groups started (with deadlines), finished, taken.
+
+    `decided` (a recorded run's choices, `timing.py`) starts each group it names from its recorded
+    version and gives each step it names its recorded groups, in their order; everything else the
+    schedule's rules decide."""
+
+    def __init__(self, schedule: Schedule, *, taken: int = 0, decided: Decided | None = None) -> None:
         self.schedule = schedule
+        self.decided: Decided = decided if decided is not None else Undecided()
         self.due: dict[int, int] = {}  # every outstanding group -> its deadline
         self.versions: dict[int, int] = {}  # every outstanding group -> the version sampling it
         self.finished: dict[int, FinishedGroup] = {}
@@ -120,17 +144,21 @@ class ArrivalQueue:
         self.versions[group] = version
 
     async def admit(self, group: int) -> int:
-        """Wait until `group` may start from the newest version without endangering a deadline;
-        returns that version."""
+        """Wait until `group` may start from the newest version without endangering a deadline (or,
+        when decided, until its recorded version is open); returns that version."""
+        recorded = self.decided.versions.get(group)
 
         def admissible() -> bool:
+            if recorded is not None:  # started once its version is open, as it was
+                return self.newest >= recorded
             return self.newest >= 0 and self.schedule.admits(self.due.values(), self.newest, self.taken)
 
         async with self._changed:
             await self._changed.wait_for(lambda: admissible() or self._failure is not None)
             self._raise()
-            self.restore(group, self.newest)
-            return self.newest
+            version = recorded if recorded is not None else self.newest
+            self.restore(group, version)
+            return version
 
     async def put(self, group: FinishedGroup) -> None:
         if group.index not in self.due or group.index in self.finished:
@@ -145,11 +173,15 @@ class ArrivalQueue:
             self._changed.notify_all()
 
     async def take(self, step: int) -> list[FinishedGroup]:
-        """Step `step`'s groups, in index order, as soon as the schedule lets it have them."""
+        """Step `step`'s groups, in index order (or as recorded), as soon as the schedule (or the
+        record) lets it have them."""
         if step != self.taken:
             raise RuntimeError(f"batch {step} asked for after {self.taken} batches were taken")
+        recorded = self.decided.steps.get(step)
 
         def choice() -> list[int] | None:
+            if recorded is not None:
+                return list(recorded) if all(g in self.finished for g in recorded) else None
             finished = {g: self.due[g] for g in self.finished}
             return self.schedule.choose(finished, self.due, self.taken)
 

@@ -6,7 +6,8 @@ record holds every such decision: each turn its batch, each step its groups (`ba
 `read_schedule` collects them into a `RecordedTiming`; a rerun given it (`train_run(..., timing=...)`)
 hands it once to both sides of the pipeline: the rollout side samples every turn in its recorded
 batch (`reprorl.rollout.recorded_batches`), and the source starts every group from its recorded
-version and trains every step on its recorded groups (`RecordedQueue`), so on the CPU it gives back
+version and trains every step on its recorded groups (`ArrivalQueue(decided=...)`), so on the CPU it
+gives back
 the original bit for bit. `reprorl reproduce` does this for such runs.
 
 A schedule that cannot be followed says why (`ScheduleError`): a run that was resumed (its
@@ -15,20 +16,18 @@ resampled groups' turns were batched twice), a turn with no recorded batch (a re
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from reprorl.config import RunSpec
-from reprorl.orchestrate.pipeline.arrival import ArrivalQueue, FinishedGroup, Schedule
-from reprorl.rollout.recorded_batches import RecordedBarrier, ScheduleError, TurnSchedule, turn_schedule
-from reprorl.rollout.runner import Barrier
+from reprorl.orchestrate.pipeline.arrival import ArrivalQueue, Schedule
+from reprorl.rollout.recorded_batches import ScheduleError, TurnSchedule, turn_schedule
+from reprorl.rollout.runner import Barrier, ReadyBarrier
 from reprorl.store import RunRecord
 from reprorl.store.rollout_query import RolloutStore
 
 __all__ = [
     "LiveTiming",
-    "RecordedQueue",
     "RecordedSchedule",
     "RecordedTiming",
     "ScheduleError",
@@ -76,46 +75,6 @@ def read_schedule(record: RunRecord, spec: RunSpec) -> RecordedSchedule:
     return schedule
 
 
-class RecordedQueue(ArrivalQueue):
-    """An `ArrivalQueue` that starts each recorded group from its recorded version and gives each
-    recorded step its recorded groups, in their order; past the record, its own rules."""
-
-    def __init__(
-        self, schedule: Schedule, versions: Mapping[int, int], steps: Mapping[int, Sequence[int]]
-    ) -> None:
-        super().__init__(schedule)
-        self.recorded_versions, self.recorded_steps = dict(versions), dict(steps)
-
-    async def admit(self, group: int) -> int:
-        version = self.recorded_versions.get(group)
-        if version is None:
-            return await super().admit(group)
-        async with self._changed:
-            # Started only once its version is open, as it was: a checkpoint names its weights.
-            await self._changed.wait_for(lambda: self.newest >= version or self._failure is not None)
-            self._raise()
-            self.restore(group, version)
-            return version
-
-    async def take(self, step: int) -> list[FinishedGroup]:
-        groups = self.recorded_steps.get(step)
-        if groups is None:
-            return await super().take(step)
-        if step != self.taken:
-            raise RuntimeError(f"batch {step} asked for after {self.taken} batches were taken")
-        async with self._changed:
-            await self._changed.wait_for(
-                lambda: all(g in self.finished for g in groups) or self._failure is not None
-            )
-            if not all(g in self.finished for g in groups):
-                self._raise()
-            for g in groups:
-                del self.due[g], self.versions[g]
-            self.taken += 1
-            self._changed.notify_all()
-            return [self.finished.pop(g) for g in groups]
-
-
 class Timing(Protocol):
     """What decides the timing-dependent choices of a run, for the rollout side and the source alike."""
 
@@ -149,7 +108,7 @@ class RecordedTiming:
 
     def barrier(self, run_id: str) -> Barrier | None:
         turns = self.schedule.turns
-        return RecordedBarrier(turns, run_id) if turns is not None else None
+        return ReadyBarrier(follow=turns, run_id=run_id) if turns is not None else None
 
     def arrival_queue(self, schedule: Schedule) -> ArrivalQueue:
-        return RecordedQueue(schedule, self.schedule.versions, self.schedule.steps)
+        return ArrivalQueue(schedule, decided=self.schedule)

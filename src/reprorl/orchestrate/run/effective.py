@@ -29,8 +29,7 @@ from reprorl.orchestrate.run.guarding import LoopGuard
 from reprorl.policy import LoadedModel
 from reprorl.policy.digest import text_hash
 from reprorl.refs import parse_ref
-from reprorl.rollout.recorded_batches import RecordedBarrier
-from reprorl.rollout.runner import BARRIERS, ReadyBarrier, RolloutRunner
+from reprorl.rollout.runner import BARRIERS, RolloutRunner
 from reprorl.store import RunRecord
 from reprorl.store.atomic import write_atomic
 from reprorl.trainer import LocalTrainer
@@ -166,9 +165,7 @@ def _learning(loop: TrainLoop, runner: RolloutRunner) -> dict[str, Any]:
         getattr(loss, "shared", None) if isinstance(getattr(loss, "shared", None), LossShared) else loss
     )
     correction = getattr(holder, "correction", None)
-    # A recorded run's turn batches, followed, are its ready lockstep's.
-    kind = ReadyBarrier if isinstance(runner.barrier, RecordedBarrier) else type(runner.barrier)
-    barrier = next((name for name, known in BARRIERS.items() if kind is known), "unknown")
+    barrier = next((name for name, known in BARRIERS.items() if type(runner.barrier) is known), "unknown")
     return {
         **_loss_fields(loss, learning, loop.ewma),
         "learning.kl.coef": getattr(holder, "kl_coef", None),

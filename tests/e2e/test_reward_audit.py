@@ -78,9 +78,7 @@ def test_a_bad_verifier_path_is_one_line(tmp_path, capsys) -> None:  # type: ign
 
 def test_a_registered_verifier_is_audited_by_its_name(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     cli = Cli(tmp_path / "home", capsys)
-    code, out, _ = cli(
-        "rewards", "audit", "calculator", "--tasks", "2", "--verifier", "calculator=expression"
-    )
-    assert code == 0 and "PASS calculator: ExpressionAnswer" in " ".join(out.split())
+    code, out, _ = cli("rewards", "audit", "calculator", "--tasks", "2", "--verifier", "calculator=numeric")
+    assert code == 0 and "PASS calculator: NumericAnswer" in " ".join(out.split())
     line = cli.error("rewards", "audit", "--verifier", "calculator=nope")
     assert line.endswith("no verifier 'nope'; verifiers: expression, file_tree, numeric, sqlite_state")

@@ -33,7 +33,7 @@ PACKAGE = "todo-family"
 
 # Warm-started far enough that some of its calls are well-formed: its groups' rewards vary.
 SPEC = tiny_spec(
-    "todo-plugin", seed=5, learning={"sft_steps": 40, "sft_lr": 3e-3, "group_size": 4, "max_tokens": 120}
+    "todo-plugin", seed=5, learning={"sft_steps": 12, "sft_lr": 3e-3, "group_size": 4, "max_tokens": 120}
 )
 
 

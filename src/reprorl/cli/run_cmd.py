@@ -29,7 +29,7 @@ def run(
         None,
         "--ray",
         metavar="ADDRESS",
-        help="Run the trainer and the rollout workers (learning.rollout_workers of them) as Ray "
+        help="Run the trainer and the rollout workers (learning.pipeline.workers of them) as Ray "
         "actors: 'local' starts a cluster on this machine, 'auto' or an address joins an existing one.",
     ),
     trainer_gpus: float = typer.Option(

@@ -69,22 +69,23 @@ def test_an_override_holds_inside_its_block_only() -> None:
     assert "new" not in registry
 
 
-@register_verifier("test-threshold")
-class Threshold(Verifier):
-    """A verifier that is no dataclass: its arguments are captured by the decorator."""
-
-    def __init__(self, cutoff: float, *, strict: bool = False) -> None:
-        self.cutoff, self.strict = cutoff, strict
-
-    def score(self, task: Task, state: FinalState) -> dict[str, float]:
-        return {self.name: 1.0}
-
-
 def test_a_registered_verifier_records_its_arguments_in_its_version() -> None:
-    assert VERIFIERS["numeric"] is NumericAnswer and NumericAnswer.registry_name == "numeric"
-    assert registry_args(NumericAnswer(abs_tol=0.5)) == {"abs_tol": 0.5}
-    assert registry_args(Threshold(0.3)) == {"cutoff": 0.3, "strict": False}
-    assert Threshold(0.3).version == Threshold(0.3).version != Threshold(0.4).version
-    assert Threshold(0.3).version != Threshold(0.3, strict=True).version
-    assert VERIFIERS["test-threshold"] is Threshold
-    VERIFIERS.remove("test-threshold")
+    class Threshold(Verifier):
+        """A verifier that is no dataclass: its arguments are captured by the decorator."""
+
+        def __init__(self, cutoff: float, *, strict: bool = False) -> None:
+            self.cutoff, self.strict = cutoff, strict
+
+        def score(self, task: Task, state: FinalState) -> dict[str, float]:
+            return {self.name: 1.0}
+
+    register_verifier("test-threshold")(Threshold)
+    try:
+        assert VERIFIERS["numeric"] is NumericAnswer and NumericAnswer.registry_name == "numeric"
+        assert registry_args(NumericAnswer(abs_tol=0.5)) == {"abs_tol": 0.5}
+        assert registry_args(Threshold(0.3)) == {"cutoff": 0.3, "strict": False}
+        assert Threshold(0.3).version == Threshold(0.3).version != Threshold(0.4).version
+        assert Threshold(0.3).version != Threshold(0.3, strict=True).version
+        assert VERIFIERS["test-threshold"] is Threshold
+    finally:
+        VERIFIERS.remove("test-threshold")  # the registry is the process's: leave it as found

@@ -31,7 +31,7 @@ demo: $(STAMP)
 	$(BIN)/reprorl demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15  # the slowest tests, for whoever keeps CI fast
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

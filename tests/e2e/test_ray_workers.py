@@ -1,6 +1,6 @@
-"""The trainer and the rollout workers as Ray actors on a local cluster: the same bytes as in one
-process, and a worker killed mid-run costs its episodes an infra-failure record and a retry, not
-the run."""
+"""Ray actors on a local cluster: a worker killed mid-run costs its episodes an infra-failure record
+and a retry, not the run; a trainer actor that dies fails the run and a resume finishes it. (That
+they give the in-process bytes is one of test_pipeline.py's combinations.)"""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_support import Cli, run_ids, tiny_training_store
+from cli_support import tiny_training_store
 
 from reprorl.config import RunSpec, load_spec, resolve_spec
 from reprorl.orchestrate.jobs.reproduce import result_figures
@@ -75,25 +75,6 @@ def _outcome(record: RunRecord) -> dict[str, Any]:
     )
     saved = [e["adapter"] for e in record.events().records if e.get("event") == "adapter_saved"]
     return {"adapter": saved[-1], "metrics": result_figures(record), "rollouts": rollouts}
-
-
-def test_the_trainer_and_its_workers_as_ray_actors_give_the_in_process_results(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    store = tiny_training_store(tmp_path)
-    spec = _spec(store, tmp_path)
-    local = asyncio.run(train_run(store, spec))
-    code, out, err = Cli(tmp_path / "home", capsys)("run", str(tmp_path / "spec.toml"), "--ray", "local")
-    assert code == 0, err
-    remote = RunRecord(store, run_ids(tmp_path / "home")[-1])
-    assert remote.run_id != local.run_id and remote.run_id in out
-    events = remote.events().records
-    (trainer,) = [e for e in events if e.get("event") == "trainer_actor"]
-    (workers,) = [e for e in events if e.get("event") == "rollout_workers"]
-    assert workers["backend"] == "ray" and len(workers["workers"]) == 2
-    processes = {trainer["pid"], *(w["pid"] for w in workers["workers"])}
-    assert len(processes) == 3 and os.getpid() not in processes  # the CLI only follows the run
-    assert _outcome(remote) == _outcome(local)
 
 
 def test_a_worker_killed_mid_run_is_an_infra_failure_and_the_run_goes_on(

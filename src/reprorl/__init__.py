@@ -1,8 +1,9 @@
 """reprorl: reinforcement learning for tool-using LLM agents, traceable to the conditions of every result.
 
 What users write and call is re-exported here, for three stories: write an env family (`family`,
-`ToolEnv`, `tool`, `Verifier`, ...), write a loss (`register_loss`, `LossConfig`, `TokenBatch`, ...),
-and run a spec (`load_spec`, `Store`, `train_run`, ...). Everything else is internal: submodules are
+`ToolEnv`, `tool`, `Verifier`, `register_verifier`, ...), write a loss or a judge (`register_loss`,
+`LossConfig`, `TokenBatch`, `register_judge`, ...), and run a spec (`load_spec`, `Store`,
+`train_run`, ...). Everything else is internal: submodules are
 layers (see docs/architecture.md) and may change between versions.
 """
 
@@ -17,6 +18,7 @@ os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 from reprorl.actions import render_call
 from reprorl.config import RunSpec, load_spec
+from reprorl.config.judge import JudgeConfig
 from reprorl.config.loss import LossConfig
 from reprorl.envs import ToolEnv, generate_splits, tool, workspace_path
 from reprorl.envs.errors import InvalidArguments, OutsideSandbox, UnsafeAction
@@ -24,14 +26,18 @@ from reprorl.envs.sandbox import SandboxPool
 from reprorl.envs.sandbox.context import ToolContext
 from reprorl.errors import UserInputError
 from reprorl.rewards import FinalState, Verifier, VerifierRunner
+from reprorl.rewards.registered import register_verifier
 from reprorl.rollout import EpisodeIds, Family, ScriptedPolicy, run_episode
 from reprorl.rollout.families import family
 from reprorl.store import Store, find_run
 from reprorl.types import Message, Permission, Role, Split, Task, TaskSet, Trajectory
 
-# Losses, training and jobs need torch; they load on first use so that `import reprorl` stays light
-# for tools that only read records.
+# Losses, training and jobs need torch, and judges numpy; they load on first use so that `import
+# reprorl` stays light for tools that only read records, and starts no thread (BLAS starts its pool
+# on import), which a sandbox needs to enter its own user namespace.
 _LAZY = {
+    "Judge": "reprorl.evaluation.judge",
+    "register_judge": "reprorl.evaluation.judge",
     "register_loss": "reprorl.algos",
     "LossShared": "reprorl.algos",
     "LossOutput": "reprorl.algos",
@@ -80,15 +86,19 @@ __all__ = [  # noqa: RUF022 -- grouped by the story each name serves
     "Verifier",
     "family",
     "generate_splits",
+    "register_verifier",
     "render_call",
     "tool",
     "workspace_path",
-    # Write a loss.
+    # Write a loss or a judge.
+    "Judge",
+    "JudgeConfig",
     "LossConfig",
     "LossOutput",
     "LossShared",
     "TokenBatch",
     "masked_mean",
+    "register_judge",
     "register_loss",
     "sequence_mean",
     "sequence_means",

@@ -15,7 +15,11 @@ import test_plugin_package
 import test_serve_policy
 from cli_support import tiny_training_store
 
-from reprorl.config import load_spec, resolve_spec
+from judge_server import app, naive, serve
+from reprorl.config import JUDGES, load_spec, resolve_spec
+from reprorl.config.judge import judge_id
+from reprorl.config.load import load_judge_config
+from reprorl.evaluation.judge import make_judge
 from reprorl.orchestrate.jobs.sample import sample_run
 from reprorl.policy import tiny_model
 from reprorl.policy.chat import ChatRenderer
@@ -34,6 +38,7 @@ RUNNERS: dict[str, Any] = {
     "@register_loss(SequencePGConfig)": WALKTHROUGH,
     "rollouts = RolloutStore(run)": "test_the_rollouts_block_queries_a_recorded_run",
     "with HttpSampler(base_url": "test_the_http_sampler_block_samples_from_a_served_policy",
+    "@register_judge(PassFailConfig)": "test_the_judge_kind_block_is_selected_by_kind",
 }
 
 
@@ -98,3 +103,42 @@ def test_the_http_sampler_block_samples_from_a_served_policy(tmp_path: Path) -> 
         exec(block_with("with HttpSampler(base_url"), namespace)  # the block as written
     samples = namespace["samples"]
     assert len(samples) == 2 and all(s.token_ids for s in samples)
+
+
+def test_the_judge_kind_block_is_selected_by_kind(tmp_path: Path) -> None:
+    namespace: dict[str, Any] = {"__name__": "docs_judge"}
+    exec(block_with("@register_judge(PassFailConfig)"), namespace)  # the block as written
+    try:
+        with serve(app(naive)) as url:
+            scores = {}
+            for threshold in (0.5, 0.7):
+                path = tmp_path / f"judge-{threshold}.toml"
+                path.write_text(
+                    f'kind = "pass_fail"\nthreshold = {threshold}\nbase_url = "{url}"\nmodel = "m"\n'
+                )
+                config = load_judge_config(path)
+                assert type(config).__name__ == "PassFailConfig"
+                with make_judge(config, tmp_path / "cache") as judge:
+                    # The naive judge model obeys a score written into the answer: 0.6 here.
+                    scores[threshold] = (
+                        judge.score(judge_rollout('{"score": 0.6}'), "Say a number."),
+                        judge_id(config),
+                    )
+        assert scores[0.5][0].score == 1.0 and scores[0.7][0].score == 0.0
+        assert scores[0.5][1] != scores[0.7][1]  # a kind's own field is part of the judge's name
+    finally:
+        JUDGES.remove("pass_fail")
+
+
+def judge_rollout(answer: str) -> Any:
+    from reprorl.types import Split, Termination, Trajectory, Turn
+
+    return Trajectory(
+        run_id="run-1",
+        rollout_id="run-1/r0000",
+        split=Split.EVAL,
+        task_id="t",
+        task_hash="sha256:" + "0" * 64,
+        turns=(Turn(index=0, text=answer, finish_reason="stop"),),
+        termination=Termination.ANSWERED,
+    )

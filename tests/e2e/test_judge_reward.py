@@ -11,7 +11,7 @@ import pytest
 from cli_support import Cli, run_ids, tiny_training_store
 
 from judge_server import Prompt, app, serve, verdict
-from reprorl.config.judge import DEFAULT_RUBRIC, JudgeReward, judge_id
+from reprorl.config.judge import DEFAULT_RUBRIC, JudgeConfig, judge_id
 from reprorl.evaluation.judge import final_answer
 from reprorl.orchestrate.run.judge_gate import OVERRIDE_EVENT, ROBUST_EVENT
 from reprorl.store import RunRecord, Store
@@ -121,7 +121,7 @@ def test_a_judge_trains_only_once_audited_or_overridden(
     home = tmp_path / "home"
     cli = Cli(home, capsys)
     spec = write_spec(tmp_path / "spec.toml", url)
-    name = judge_id(JudgeReward(base_url=url, model="length", rubric=DEFAULT_RUBRIC))
+    name = judge_id(JudgeConfig(base_url=url, model="length", rubric=DEFAULT_RUBRIC))
 
     # Never audited: refused before anything is written.
     line = cli.error("run", str(spec))
@@ -178,7 +178,7 @@ def test_an_audited_judge_trains_in_the_async_loop(
     assert code == 0, err
     (run_id,) = run_ids(home)
     record = RunRecord(store, run_id)
-    name = judge_id(JudgeReward(base_url=url, model="length-async"))
+    name = judge_id(JudgeConfig(base_url=url, model="length-async"))
     (event,) = [e for e in record.events().records if e["event"] in (ROBUST_EVENT, OVERRIDE_EVENT)]
     assert event["event"] == ROBUST_EVENT and event["judge"] == name and event["audit"] == "judge-audit@v1"
     assert check_judged(store, run_id, name) >= 12

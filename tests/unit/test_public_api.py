@@ -21,3 +21,17 @@ def test_import_does_not_pull_in_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert done.stdout.strip() == "False"
+
+
+def test_import_starts_no_thread() -> None:
+    # A sandbox child imports reprorl and then enters a new user namespace, which the kernel refuses
+    # to a process with more than one thread; numpy's BLAS starts its pool on import.
+    code = (
+        "import reprorl, sys; "
+        "threads = open('/proc/self/status').read().split('Threads:')[1].split()[0]; "
+        "print(threads, 'numpy' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.split() == ["1", "False"]

@@ -174,11 +174,11 @@ def _audit_judge(
     threshold: float,
     as_json: bool,
 ) -> None:
-    from reprorl.evaluation.judge import Judge
+    from reprorl.evaluation.judge import make_judge
     from reprorl.orchestrate.jobs.judge_audit import audit_judge, record_judge_audit
 
     store = options(ctx).store()
-    with Judge(config, store.root / "cache" / "judge") as judge:
+    with make_judge(config, store.root / "cache" / "judge") as judge:
         audit = asyncio.run(
             audit_judge(judge, chosen, names=names or None, tasks=tasks, seed=seed, threshold=threshold)
         )

@@ -1,6 +1,6 @@
 """Run-spec schemas: what a training run is, loaded from TOML and pinned to exact versions."""
 
-from reprorl.config.judge import JudgeConfig, JudgeReward
+from reprorl.config.judge import JUDGES, JudgeConfig
 from reprorl.config.load import (
     apply_overrides,
     ensure_resolved,
@@ -30,13 +30,13 @@ from reprorl.refs import FLOATING_LABELS, ArtifactRef, ParsedRef, RefError, pars
 
 __all__ = [
     "FLOATING_LABELS",
+    "JUDGES",
     "ArtifactRef",
     "BudgetSpec",
     "DataSpec",
     "EvaluationSpec",
     "FullFineTune",
     "JudgeConfig",
-    "JudgeReward",
     "KLPenalty",
     "LearningSpec",
     "LoraAdapter",

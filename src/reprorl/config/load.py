@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, get_args
 
-from pydantic import BaseModel, Discriminator, ValidationError
+from pydantic import BaseModel, Discriminator, TypeAdapter, ValidationError
 
-from reprorl.config.judge import JudgeConfig
+from reprorl.config.judge import JudgeConfig, JudgeTable
 from reprorl.config.spec import RunSpec
 from reprorl.errors import FloatingReferenceError, SpecError, UserInputError
 from reprorl.refs import ArtifactRef, RefError
@@ -349,8 +349,14 @@ def load_judge_config(path: Path) -> JudgeConfig:
         data = tomllib.loads(path.read_text(encoding="utf-8-sig"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise UserInputError(f"not valid TOML: {exc}", field=where) from None
+    if "override" in data:
+        raise UserInputError(
+            "`override` belongs in a run spec's data.judge, where it lets a run train on an unaudited "
+            "judge; remove it from this file",
+            field=f"{where}: override",
+        )
     try:
-        # JSON mode, strictly: "3" is not a number here, as in a run spec.
-        return JudgeConfig.model_validate_json(json.dumps(data, default=str), strict=True)
+        config: JudgeConfig = TypeAdapter(JudgeTable).validate_python(data)
     except ValidationError as exc:
         raise UserInputError(str(spec_error_from(exc)), field=where) from None
+    return config

@@ -9,14 +9,14 @@ is PPO clip with its defaults.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SerializeAsAny, ValidatorFunctionWrapHandler, WrapValidator
+from pydantic import Field, SerializeAsAny, WrapValidator
 
 from reprorl.config.base import SpecModel
+from reprorl.config.kinds import kind_validator
 from reprorl.registry import Registry
 
 DEFAULT_KIND = "ppo_clip"
@@ -57,24 +57,9 @@ def _accept(name: str, loaded: object) -> LossEntry | None:
 LOSSES: Registry[LossEntry] = Registry("loss", "reprorl.losses", builtins=("reprorl.algos",), accept=_accept)
 
 
-def _validate_loss(value: Any, handler: ValidatorFunctionWrapHandler) -> LossConfig:
-    # The table is validated by the config its `kind` registered, not by `handler` (the base's).
-    if isinstance(value, LossConfig):
-        entry = LOSSES.get(value.kind)
-        if entry is None or not isinstance(value, entry.config):
-            raise ValueError(f"no loss {value.kind!r} is registered with config {type(value).__name__}")
-        return value
-    if isinstance(value, str):
-        value = {"kind": value}
-    if not isinstance(value, dict):
-        raise ValueError("must be a loss name or a table with `kind`, e.g. { kind = 'ppo_clip' }")
-    kind = value.get("kind", DEFAULT_KIND)
-    if not isinstance(kind, str) or kind not in LOSSES:
-        raise ValueError(f"no loss {kind!r}; losses: {', '.join(LOSSES.names())}")
-    config: LossConfig = LOSSES[kind].config.model_validate_json(
-        json.dumps({**value, "kind": kind}), strict=True
-    )
-    return config
+_validate_loss = kind_validator(
+    LOSSES, lambda entry: entry.config, base=LossConfig, default=DEFAULT_KIND, example="{ kind = 'ppo_clip' }"
+)
 
 
 LossTable = Annotated[SerializeAsAny[LossConfig], WrapValidator(_validate_loss)]

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, Tag, model_validator
 
 from reprorl.config.base import Owner, SpecModel
-from reprorl.config.judge import JudgeReward
+from reprorl.config.judge import JudgeTable
 from reprorl.config.loss import LossTable, default_loss
 from reprorl.hashing import content_hash
 from reprorl.refs import ArtifactRef
@@ -141,10 +141,11 @@ class DataSpec(SpecModel):
         default=("read", "write", "human"),
         description="Permission scopes tools may use; a call to a tool outside them is denied.",
     )
-    judge: JudgeReward | None = Field(
+    judge: JudgeTable | None = Field(
         default=None,
-        description="An LLM judge scoring every rollout; its score is the reward component 'judge', "
-        "weighed by reward_weights. A judge its robustness audit refused (or never audited) is refused.",
+        description="An LLM judge scoring every rollout, a table chosen by `kind` (see the judge tables "
+        "below); its score is the reward component 'judge', weighed by reward_weights. A judge its "
+        "robustness audit refused (or never audited) is refused.",
     )
 
     @model_validator(mode="after")

@@ -1,11 +1,14 @@
 """The LLM judge: a model behind an OpenAI-compatible endpoint that scores a rollout 0 to 1 by a rubric.
 
-A `Judge` renders its rubric template with the task, the transcript and the final answer, sends it
-through the shared transport (timeouts, bounded retries), and parses a score and a rationale from
-the reply. A reply it cannot read is a `JudgeScore` with a failure class, never an exception, so
-one odd reply does not stop a batch. Every answered request is cached on disk under a hash of the
-model, the template and the exact request, so judging again costs nothing. Scores are stored per
-run in `judge_scores.jsonl`, apart from human labels, one checksummed line per (rollout, judge).
+A judge kind is a `Judge` subclass registered with its config (`@register_judge(Config)`), which
+`data.judge.kind` or a `--judge` file's `kind` selects; `make_judge` builds the one a config names.
+The `rubric` judge (this class) renders its rubric template with the task, the transcript and the
+final answer, sends it through the shared transport (timeouts, bounded retries), and parses a score
+and a rationale from the reply. A reply it cannot read is a `JudgeScore` with a failure class, never
+an exception, so one odd reply does not stop a batch. Every answered request is cached on disk under
+a hash of the model, the template and the exact request, so judging again costs nothing. Scores are
+stored per run in `judge_scores.jsonl`, apart from human labels, one checksummed line per (rollout,
+judge).
 """
 
 from __future__ import annotations
@@ -13,21 +16,21 @@ from __future__ import annotations
 import json
 import re
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, cast
+from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 # Re-exported: the judge's settings are read where the judge is used.
 from reprorl.config.judge import DEFAULT_RUBRIC as DEFAULT_RUBRIC
+from reprorl.config.judge import JUDGES, JudgeEntry, judge_id, rubric_hash
 from reprorl.config.judge import JudgeConfig as JudgeConfig
-from reprorl.config.judge import judge_id, rubric_hash
 from reprorl.errors import InferenceError, RecordError, UserInputError
-from reprorl.evaluation.verdict import JudgeFailure, parse_verdict, short
+from reprorl.evaluation.verdict import JudgeFailure, Verdict, parse_verdict, short
 from reprorl.hashing import HASH_PREFIX, canonical_json, sha256_hex
 from reprorl.store import RunRecord, read_log
 from reprorl.store.atomic import write_atomic
@@ -40,7 +43,6 @@ if TYPE_CHECKING:
     from reprorl.policy.transport import Endpoint
 
 SCORES_FILE = "judge_scores.jsonl"
-PLACEHOLDERS = ("{task}", "{transcript}", "{answer}", "{reference}")
 MAX_KEPT_REPLY = 2000
 
 
@@ -109,8 +111,47 @@ def final_answer(trajectory: Trajectory) -> str:
     return ""
 
 
+J = TypeVar("J", bound="type[Judge]")
+
+
+def register_judge(config: type[JudgeConfig]) -> Callable[[J], J]:
+    """Register the decorated `Judge` subclass as the judge kind `config`'s `kind` default names."""
+    kind = config.model_fields["kind"].default
+    if not isinstance(kind, str) or not kind:
+        raise TypeError(f"{config.__name__}.kind needs a default: the judge's name, e.g. 'checklist'")
+
+    def decorate(cls: J) -> J:
+        entry = JudgeEntry(kind, config, cls)
+        JUDGES.add(kind, entry, module=cls.__module__)
+        cls.__reprorl_judge__ = entry  # type: ignore[attr-defined]  # what an entry point finds
+        return cls
+
+    return decorate
+
+
+def make_judge(config: JudgeConfig, cache_dir: Path) -> Judge:
+    """The judge `config.kind` registered, built with `config`."""
+    entry = JUDGES.get_part(config.kind, "judge.kind")
+    if not isinstance(config, entry.config):
+        raise UserInputError(
+            f"judge {config.kind!r} takes a {entry.config.__name__}, not a {type(config).__name__}",
+            field="judge.kind",
+        )
+    judge = entry.build(config, cache_dir)
+    if not isinstance(judge, Judge):
+        raise TypeError(
+            f"the judge registered as {config.kind!r} built a {type(judge).__name__}, not a Judge"
+        )
+    return judge
+
+
+@register_judge(JudgeConfig)
 class Judge:
-    """Scores rollouts with a model over HTTP; caches every answered request on disk."""
+    """Scores rollouts with a model over HTTP; caches every answered request on disk.
+
+    Subclasses change what is asked (`placeholders`) and how the reply reads (`verdict`); the
+    transport, the cache, the costs and the score records stay this class's.
+    """
 
     def __init__(self, config: JudgeConfig, cache_dir: Path) -> None:
         if not any(p in config.rubric for p in ("{transcript}", "{answer}")):
@@ -152,16 +193,24 @@ class Judge:
 
     # -- requests ------------------------------------------------------------------------------
 
-    def render(self, trajectory: Trajectory, task: Task | str) -> str:
-        """The rubric with its placeholders filled; replaced one by one so JSON braces stay as written."""
-        values = {
+    def placeholders(self, trajectory: Trajectory, task: Task | str) -> dict[str, str]:
+        """What each placeholder of the template stands for, for this rollout."""
+        return {
             "{task}": task_text(task),
             "{transcript}": transcript_text(trajectory),
             "{answer}": final_answer(trajectory),
             "{reference}": reference_text(task),
         }
+
+    def verdict(self, text: str) -> Verdict:
+        """The score (or the failure) a reply's text says."""
+        return parse_verdict(text)
+
+    def render(self, trajectory: Trajectory, task: Task | str) -> str:
+        """The rubric with its placeholders filled; replaced one by one so JSON braces stay as written."""
+        values = self.placeholders(trajectory, task)
         # One pass over the template: text inserted for one placeholder is never re-scanned.
-        pattern = re.compile("|".join(re.escape(p) for p in PLACEHOLDERS))
+        pattern = re.compile("|".join(re.escape(p) for p in values))
         return pattern.sub(lambda m: values[m.group(0)], self.config.rubric)
 
     def request(self, trajectory: Trajectory, task: Task | str) -> dict[str, Any]:
@@ -224,7 +273,7 @@ class Judge:
             with self._lock:
                 self.requests += 1
                 self.spent_usd += cost
-        verdict = parse_verdict(text)
+        verdict = self.verdict(text)
         return JudgeScore(
             **base,
             model_version=_text_or_none(reply.get("model")),

@@ -49,23 +49,30 @@ def parse_verdict(text: str) -> Verdict:
     return Verdict(score=value, rationale=short(rationale))
 
 
-def _json_verdict(text: str) -> tuple[float | None, str] | None:
-    """The last JSON object in the text that has a `score` key (thinking models answer last)."""
+def last_json_object(text: str, key: str) -> dict[str, object] | None:
+    """The last JSON object in the text that has `key` (thinking models answer last), keys lowercased."""
     decoder = json.JSONDecoder(strict=False)  # models put raw newlines inside JSON strings
-    found: tuple[float | None, str] | None = None
+    found: dict[str, object] | None = None
     for match in re.finditer(r"\{", text):
         try:
             value, _ = decoder.raw_decode(text, match.start())
         except ValueError:
             continue
-        if not isinstance(value, dict):
-            continue
-        fields = {str(k).lower(): v for k, v in value.items()}
-        if "score" not in fields:
-            continue
-        why = next((fields[k] for k in ("rationale", "reason", "explanation") if k in fields), "")
-        found = (_number(fields["score"]), why if isinstance(why, str) else json.dumps(why))
+        if isinstance(value, dict):
+            fields = {str(k).lower(): v for k, v in value.items()}
+            found = fields if key in fields else found
     return found
+
+
+def rationale_of(fields: dict[str, object]) -> str:
+    """The reply's reason, under whichever of the usual keys it came."""
+    why = next((fields[k] for k in ("rationale", "reason", "explanation") if k in fields), "")
+    return why if isinstance(why, str) else json.dumps(why)
+
+
+def _json_verdict(text: str) -> tuple[float | None, str] | None:
+    fields = last_json_object(text, "score")
+    return None if fields is None else (_number(fields["score"]), rationale_of(fields))
 
 
 def _text_verdict(text: str) -> tuple[float | None, str] | None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from reprorl.config.load import stored_spec
-from reprorl.evaluation.judge import Judge, JudgeConfig, JudgeScore, write_scores
+from reprorl.evaluation.judge import JudgeConfig, JudgeScore, make_judge, write_scores
 from reprorl.evaluation.labels import PASS_THRESHOLD
 from reprorl.orchestrate.run.judge_gate import newest_audit
 from reprorl.orchestrate.run.judge_reward import judge_cache
@@ -104,7 +104,7 @@ def judge_run(
     condition = "NOT retried" if where is None else f"NOT retried AND ({where})"
     selected = rollouts.count(condition)
     selected = selected if limit is None else min(selected, limit)
-    with Judge(config, judge_cache(store.root)) as judge:
+    with make_judge(config, judge_cache(store.root)) as judge:
         audit = newest_audit(store, judge.judge_id)
         result = JudgedRun(
             record.run_id,

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from reprorl.config import RunSpec
-from reprorl.config.judge import JudgeConfig, JudgeReward, judge_id
+from reprorl.config.judge import JudgeConfig, judge_id
 from reprorl.errors import UserInputError
-from reprorl.evaluation.judge import Judge
+from reprorl.evaluation.judge import make_judge
 from reprorl.orchestrate.run.judge_gate import require_robust_judge
 from reprorl.rollout.judging import Judgement
 from reprorl.store import RunRecord, Store
@@ -33,8 +33,8 @@ class RunJudge:
     """A `Judge` as the runner's `RewardJudge`: requests on its own threads (`max_concurrency` of
     them, the judge's connection limit), so the event loop and the episodes go on meanwhile."""
 
-    def __init__(self, config: JudgeReward, cache_dir: Path) -> None:
-        self._judge = Judge(config, cache_dir)
+    def __init__(self, config: JudgeConfig, cache_dir: Path) -> None:
+        self._judge = make_judge(config, cache_dir)
         self._threads = ThreadPoolExecutor(config.max_concurrency, thread_name_prefix="reprorl-judge")
         self.judge_id = self._judge.judge_id
 

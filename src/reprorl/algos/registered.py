@@ -15,6 +15,7 @@ from typing import TypeVar
 
 from reprorl.algos.base import Loss
 from reprorl.algos.importance import Correction, TruncatedIS
+from reprorl.config.kinds import declared_kind
 from reprorl.config.loss import LOSSES, LossConfig, LossEntry
 
 C = TypeVar("C", bound=LossConfig)
@@ -35,13 +36,10 @@ Builder = Callable[[C, LossShared], Loss]
 
 def register_loss(config: type[C]) -> Callable[[Builder[C]], Builder[C]]:
     """Register the decorated builder as the loss `config`'s `kind` default names."""
-    kind = config.model_fields["kind"].default
-    if not isinstance(kind, str) or not kind:
-        raise TypeError(f"{config.__name__}.kind needs a default: the loss's name, e.g. Literal['gspo']")
+    kind = declared_kind(config, "loss", "gspo")
 
     def decorate(build: Builder[C]) -> Builder[C]:
-        entry = LossEntry(kind, config, build)
-        LOSSES.add(kind, entry, module=build.__module__)
+        entry = LOSSES.add(kind, LossEntry(kind, config, build), module=build.__module__)
         build.__reprorl_loss__ = entry  # type: ignore[attr-defined]  # what an entry point finds
         return build
 

@@ -23,19 +23,26 @@ from reprorl.registry import Registry
 
 DEFAULT_KIND = "rubric"
 
-DEFAULT_RUBRIC = """You are grading an AI agent's attempt at a task.
-
-Task:
+ATTEMPT = """Task:
 {task}
 
 Transcript (the agent's turns and the tool results it saw):
 {transcript}
 
 Final answer:
-{answer}
+{answer}"""
+"""The rollout as the built-in templates show it."""
+
+DEFAULT_RUBRIC = (
+    """You are grading an AI agent's attempt at a task.
+
+"""
+    + ATTEMPT
+    + """
 
 Score how well the final answer accomplishes the task, from 0 (wrong or missing) to 1 (fully correct).
 Reply with only a JSON object: {"score": <a number from 0 to 1>, "rationale": "<one short sentence>"}"""
+)
 
 
 class JudgeConfig(BaseModel):
@@ -100,6 +107,10 @@ class JudgeEntry:
     kind: str
     config: type[JudgeConfig]
     build: Callable[[Any, Path], Any]  # (config, cache_dir) -> a judge with `score` and `score_many`
+
+    @property
+    def identity(self) -> tuple[str, str]:
+        return self.build.__module__, self.build.__qualname__
 
 
 def _accept(name: str, loaded: object) -> JudgeEntry | None:

@@ -59,3 +59,11 @@ def kind_validator(
         return config
 
     return validate
+
+
+def declared_kind(config: type[BaseModel], what: str, example: str) -> str:
+    """The name a part's config declares as its `kind` default, which is the name it registers under."""
+    kind = config.model_fields["kind"].default
+    if not isinstance(kind, str) or not kind:
+        raise TypeError(f"{config.__name__}.kind needs a default: the {what}'s name, e.g. {example!r}")
+    return kind

@@ -14,21 +14,17 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from reprorl.config.judge import JudgeConfig
+from reprorl.config.judge import ATTEMPT, JudgeConfig
 from reprorl.evaluation.judge import Judge, register_judge
 from reprorl.evaluation.verdict import Verdict, last_json_object, rationale_of, short
 from reprorl.types import Task, Trajectory
 
-CHECKLIST_RUBRIC = """You are checking an AI agent's attempt at a task against a list of criteria.
+CHECKLIST_RUBRIC = (
+    """You are checking an AI agent's attempt at a task against a list of criteria.
 
-Task:
-{task}
-
-Transcript (the agent's turns and the tool results it saw):
-{transcript}
-
-Final answer:
-{answer}
+"""
+    + ATTEMPT
+    + """
 
 Criteria:
 {criteria}
@@ -36,6 +32,7 @@ Criteria:
 For each criterion, in order, decide whether the agent's attempt meets it.
 Reply with only a JSON object, one true or false per criterion, in order:
 {"met": [true, false, ...], "rationale": "<one short sentence>"}"""
+)
 
 
 class Criterion(BaseModel):

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from reprorl.config.judge import DEFAULT_RUBRIC as DEFAULT_RUBRIC
 from reprorl.config.judge import JUDGES, JudgeEntry, judge_id, rubric_hash
 from reprorl.config.judge import JudgeConfig as JudgeConfig
+from reprorl.config.kinds import declared_kind
 from reprorl.errors import InferenceError, RecordError, UserInputError
 from reprorl.evaluation.verdict import JudgeFailure, Verdict, parse_verdict, short
 from reprorl.hashing import HASH_PREFIX, canonical_json, sha256_hex
@@ -116,13 +117,10 @@ J = TypeVar("J", bound="type[Judge]")
 
 def register_judge(config: type[JudgeConfig]) -> Callable[[J], J]:
     """Register the decorated `Judge` subclass as the judge kind `config`'s `kind` default names."""
-    kind = config.model_fields["kind"].default
-    if not isinstance(kind, str) or not kind:
-        raise TypeError(f"{config.__name__}.kind needs a default: the judge's name, e.g. 'checklist'")
+    kind = declared_kind(config, "judge", "checklist")
 
     def decorate(cls: J) -> J:
-        entry = JudgeEntry(kind, config, cls)
-        JUDGES.add(kind, entry, module=cls.__module__)
+        entry = JUDGES.add(kind, JudgeEntry(kind, config, cls), module=cls.__module__)
         cls.__reprorl_judge__ = entry  # type: ignore[attr-defined]  # what an entry point finds
         return cls
 

@@ -108,12 +108,14 @@ def app(grade: Callable[[Prompt], str]) -> FastAPI:
 
 
 @contextmanager
-def serve(api: FastAPI) -> Iterator[str]:
-    """uvicorn serving `api` from a background thread on a port the OS picked; yields the /v1 root."""
+def serve(api: FastAPI, *, lifespan: str = "off") -> Iterator[str]:
+    """uvicorn serving `api` from a background thread on a port the OS picked; yields the /v1 root.
+
+    `lifespan="on"` runs the app's startup and shutdown (a policy server's batcher needs them)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(api, log_level="warning", access_log=False, lifespan="off")
+    config = uvicorn.Config(api, log_level="warning", access_log=False, lifespan=lifespan)  # type: ignore[arg-type]
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

@@ -208,9 +208,11 @@ def test_bad_requests_get_400_json_errors(base_server: Served) -> None:
     bad_bodies = [
         {"model": model, "prompt": [10**9]},
         {"model": model, "prompt": []},
-        {"model": model, "prompt": [1, 2], "n": 2},
+        {"model": model, "prompt": [1, 2], "n": 0},
+        {"model": model, "prompt": [1, 2], "n": 17},
         {"model": model, "prompt": [1, 2], "max_tokens": 0},
-        {"model": model, "prompt": [1, 2], "stop": ["\n\n"]},
+        {"model": model, "prompt": [1, 2], "stop": ["a", "b", "c", "d", "e"]},
+        {"model": model, "prompt": [1, 2], "stop": [""]},
         {"model": model, "prompt": {"not": "a prompt"}},
     ]
     for body in bad_bodies:

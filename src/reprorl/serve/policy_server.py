@@ -3,65 +3,41 @@
 It serves the subset of the OpenAI API that token-in/token-out sampling needs: `/v1/completions`
 with the prompt as text or token ids (sampled tokens come back as `"token_id:N"`, vLLM's
 convention), `/v1/chat/completions` rendered with the model's chat template, `/v1/models`, and
-`/health` with the batcher's counters. Every response carries the served policy version in the
+`/health` with the batcher's counters. Chat replies carry the model's tool calls as OpenAI's
+`tool_calls` (`reprorl.serve.openai_format`); `n` samples of one request share a batch, each from
+its own derived seed; `stop` strings cut the reply where one first occurs. Every response carries the served policy version in the
 `x-reprorl-policy-version` header and as `system_fingerprint`. Bad input is a 400 with an OpenAI
 error object; nothing a client sends can produce a traceback.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException
 
 from reprorl.actions import CLOSE
 from reprorl.hashing import derive_seed
 from reprorl.policy.chat import ChatRenderer
 from reprorl.policy.http import POLICY_VERSION_HEADER, TOKEN_ID_PREFIX, tool_call_text
 from reprorl.policy.sampling import LocalSampler, Sample, SampleRequest
+from reprorl.serve.api_errors import DEFAULT_MAX_BODY_BYTES, ApiError, install_error_handlers
 from reprorl.serve.batcher import MicroBatcher
+from reprorl.serve.openai_format import chat_message, cut_at_stop, structured
 from reprorl.serve.schemas import ChatBody, ChatMessageBody, CompletionBody, SamplingBody
 from reprorl.types import Message, SamplingParams
 
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /completions
+MAX_CHOICES = 16  # `n`: samples of one request
+MAX_STOPS, MAX_STOP_CHARS = 4, 64  # OpenAI's limit on `stop`, and a bound on each string
 CHAT_MAX_TOKENS = 256  # SamplingParams' default
-
-
-class ApiError(Exception):
-    """A request this server refuses, with the HTTP status and OpenAI error type to answer with."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None) -> None:
-        self.status = status
-        self.message = message
-        self.param = param
-        super().__init__(message)
-
-
-def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
-    kind = "invalid_request_error" if status < 500 else "internal_error"
-    if status == 404:
-        kind = "not_found_error"
-    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
-    return JSONResponse(body, status_code=status)
-
-
-def _validation_message(exc: RequestValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:3]:
-        if err.get("type") == "json_invalid":
-            return f"the request body is not valid JSON: {err.get('ctx', {}).get('error', 'decode error')}"
-        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
-        parts.append(f"{where}: {err.get('msg', 'invalid')}" if where else str(err.get("msg", "invalid")))
-    more = len(exc.errors()) - 3
-    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 
 
 def _openai_finish(sample: Sample) -> tuple[str, str | int | None]:
@@ -71,6 +47,20 @@ def _openai_finish(sample: Sample) -> tuple[str, str | int | None]:
     if sample.finish_reason == "tool_call":
         return "stop", CLOSE
     return "stop", sample.token_ids[-1] if sample.token_ids else None
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One of a request's samples as it is answered: cut at a stop string where one matched."""
+
+    sample: Sample
+    seed: int
+    text: str
+    pieces: list[str]  # each kept token's own text
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish: str
+    stop_reason: str | int | None
 
 
 class PolicyServer:
@@ -103,16 +93,53 @@ class PolicyServer:
             )
         if body.stream:
             raise ApiError(400, "streaming is not supported; send stream=false", param="stream")
-        if body.n != 1:
-            raise ApiError(400, "only n=1 is supported; send one request per sample", param="n")
-        unknown = [s for s in body.stop_strings() if s not in self.sampler.stop_strings]
-        if unknown:
+        if not 1 <= body.n <= MAX_CHOICES:
+            raise ApiError(400, f"n must be from 1 to {MAX_CHOICES}", param="n")
+        stops = body.stop_strings()
+        if len(stops) > MAX_STOPS or any(not s or len(s) > MAX_STOP_CHARS for s in stops):
             raise ApiError(
                 400,
-                f"this server stops only at end-of-turn tokens and {list(self.sampler.stop_strings)}, "
-                f"not at {unknown}",
+                f"stop takes up to {MAX_STOPS} non-empty strings of at most {MAX_STOP_CHARS} characters",
                 param="stop",
             )
+
+    async def sample_choices(
+        self, prompt_ids: Sequence[int], body: SamplingBody, max_tokens: int
+    ) -> list[Choice]:
+        """The request's `n` samples, queued together so they share a batch, each cut at `stop`."""
+        if body.n == 1:
+            samples = [await self.sample(prompt_ids, body, max_tokens)]
+        else:
+            # Choice i > 0 draws from a seed derived from the request's, so `n` is as reproducible as 1.
+            base = (
+                body.seed
+                if body.seed is not None
+                else derive_seed(self.seed, "request", next(self._requests))
+            )
+            seeds = [base] + [derive_seed(base, "choice", i) for i in range(1, body.n)]
+            samples = list(
+                await asyncio.gather(
+                    *(self.sample(prompt_ids, body.model_copy(update={"seed": s}), max_tokens) for s in seeds)
+                )
+            )
+        return [await self.batcher.run(self.choice, s, seed, body) for s, seed in samples]
+
+    def choice(self, sample: Sample, seed: int, body: SamplingBody) -> Choice:
+        """One sample as a choice: its text and tokens, cut at the first stop string (model thread)."""
+        token_ids, logprobs = sample.token_ids, sample.logprobs
+        text, pieces = self.pieces(token_ids, body.skip_special_tokens)
+        finish, stop_reason = _openai_finish(sample)
+        cut = cut_at_stop(pieces, body.stop_strings())
+        if cut is not None:
+            token_ids, logprobs, pieces = (
+                token_ids[: cut.tokens],
+                logprobs[: cut.tokens],
+                pieces[: cut.tokens],
+            )
+            text, _ = self.pieces(token_ids, body.skip_special_tokens)
+            text = text[: text.find(cut.stop)] if cut.stop in text else cut.text
+            finish, stop_reason = "stop", cut.stop
+        return Choice(sample, seed, text, pieces, tuple(token_ids), tuple(logprobs), finish, stop_reason)
 
     async def sample(
         self, prompt_ids: Sequence[int], body: SamplingBody, max_tokens: int
@@ -157,35 +184,38 @@ class PolicyServer:
         ]
         return str(text), [str(p) for p in pieces]
 
-    def envelope(self, kind: str, sample: Sample, seed: int, prompt_tokens: int) -> dict[str, Any]:
+    def envelope(self, kind: str, choices: Sequence[Choice], prompt_tokens: int) -> dict[str, Any]:
+        first = choices[0]
+        completion_tokens = sum(len(c.token_ids) for c in choices)
         return {
             "id": f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex}",
             "object": kind,
             "created": int(time.time()),
             "model": self.model_name,
-            "system_fingerprint": sample.policy_version,
+            "system_fingerprint": first.sample.policy_version,
             "usage": {
                 "prompt_tokens": prompt_tokens,
-                "completion_tokens": len(sample.token_ids),
-                "total_tokens": prompt_tokens + len(sample.token_ids),
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
             },
             # What a caller needs to record or replay this sample: seed and the batch it was in.
             "reprorl": {
-                "policy_version": sample.policy_version,
-                "seed": seed,
-                "key": sample.key,
-                "batch": list(sample.batch),
+                "policy_version": first.sample.policy_version,
+                "seed": first.seed,
+                "key": first.sample.key,
+                "batch": list(first.sample.batch),
+                **({"seeds": [c.seed for c in choices]} if len(choices) > 1 else {}),
             },
         }
 
     @staticmethod
     def add_token_ids(
-        choice: dict[str, Any], body: SamplingBody, prompt_ids: Sequence[int], sample: Sample
+        choice: dict[str, Any], body: SamplingBody, prompt_ids: Sequence[int], got: Choice
     ) -> None:
         """`return_token_ids` (vLLM and SGLang): the prompt's and the sample's ids on the choice."""
         if body.return_token_ids:
             choice["prompt_token_ids"] = list(prompt_ids)
-            choice["token_ids"] = list(sample.token_ids)
+            choice["token_ids"] = list(got.token_ids)
 
     async def completions(self, body: CompletionBody) -> dict[str, Any]:
         self.check(body)
@@ -195,27 +225,28 @@ class PolicyServer:
             prompt_ids = await self.batcher.run(self.renderer.encode, body.prompt)
         else:
             prompt_ids = list(body.prompt)
-        sample, seed = await self.sample(prompt_ids, body, body.max_tokens or COMPLETION_MAX_TOKENS)
-        text, pieces = await self.batcher.run(self.pieces, sample.token_ids, body.skip_special_tokens)
-        logprobs = None
-        if body.logprobs is not None:
-            as_ids = body.return_tokens_as_token_ids
-            logprobs = {
-                "tokens": [f"{TOKEN_ID_PREFIX}{t}" for t in sample.token_ids] if as_ids else pieces,
-                "token_logprobs": list(sample.logprobs),
-                # Only the sampled token's logprob is computed; alternatives are not.
-                "top_logprobs": None,
+        got = await self.sample_choices(prompt_ids, body, body.max_tokens or COMPLETION_MAX_TOKENS)
+        choices = []
+        for index, c in enumerate(got):
+            logprobs = None
+            if body.logprobs is not None:
+                as_ids = body.return_tokens_as_token_ids
+                logprobs = {
+                    "tokens": [f"{TOKEN_ID_PREFIX}{t}" for t in c.token_ids] if as_ids else list(c.pieces),
+                    "token_logprobs": list(c.logprobs),
+                    # Only the sampled token's logprob is computed; alternatives are not.
+                    "top_logprobs": None,
+                }
+            choice = {
+                "index": index,
+                "text": c.text,
+                "logprobs": logprobs,
+                "finish_reason": c.finish,
+                "stop_reason": c.stop_reason,
             }
-        finish, stop_reason = _openai_finish(sample)
-        choice = {
-            "index": 0,
-            "text": text,
-            "logprobs": logprobs,
-            "finish_reason": finish,
-            "stop_reason": stop_reason,
-        }
-        self.add_token_ids(choice, body, prompt_ids, sample)
-        return {**self.envelope("text_completion", sample, seed, len(prompt_ids)), "choices": [choice]}
+            self.add_token_ids(choice, body, prompt_ids, c)
+            choices.append(choice)
+        return {**self.envelope("text_completion", got, len(prompt_ids)), "choices": choices}
 
     async def chat(self, body: ChatBody) -> dict[str, Any]:
         self.check(body)
@@ -228,33 +259,36 @@ class PolicyServer:
                 400, f"the chat template could not render these messages: {exc}", param="messages"
             ) from None
         max_tokens = body.max_completion_tokens or body.max_tokens or CHAT_MAX_TOKENS
-        sample, seed = await self.sample(prompt_ids, body, max_tokens)
-        text, pieces = await self.batcher.run(self.pieces, sample.token_ids, body.skip_special_tokens)
-        logprobs = None
-        if body.logprobs:
-            as_ids = body.return_tokens_as_token_ids
-            logprobs = {
-                "content": [
-                    {
-                        "token": f"{TOKEN_ID_PREFIX}{t}" if as_ids else piece,
-                        "logprob": lp,
-                        # A piece that ends inside a UTF-8 character decodes to U+FFFD, not its bytes.
-                        "bytes": None if "\ufffd" in piece else list(piece.encode("utf-8")),
-                        "top_logprobs": [],
-                    }
-                    for t, lp, piece in zip(sample.token_ids, sample.logprobs, pieces, strict=True)
-                ]
+        got = await self.sample_choices(prompt_ids, body, max_tokens)
+        offered = bool(tools) and body.tool_choice != "none"
+        choices = []
+        for index, c in enumerate(got):
+            logprobs = None
+            if body.logprobs:
+                as_ids = body.return_tokens_as_token_ids
+                logprobs = {
+                    "content": [
+                        {
+                            "token": f"{TOKEN_ID_PREFIX}{t}" if as_ids else piece,
+                            "logprob": lp,
+                            # A piece that ends inside a UTF-8 character decodes to U+FFFD, not its bytes.
+                            "bytes": None if "\ufffd" in piece else list(piece.encode("utf-8")),
+                            "top_logprobs": [],
+                        }
+                        for t, lp, piece in zip(c.token_ids, c.logprobs, c.pieces, strict=True)
+                    ]
+                }
+            reply = structured(c.text, c.finish, c.stop_reason, tools=offered, seed=c.seed, choice=index)
+            choice = {
+                "index": index,
+                "message": chat_message(reply),
+                "logprobs": logprobs,
+                "finish_reason": reply.finish_reason,
+                "stop_reason": reply.stop_reason,
             }
-        finish, stop_reason = _openai_finish(sample)
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": logprobs,
-            "finish_reason": finish,
-            "stop_reason": stop_reason,
-        }
-        self.add_token_ids(choice, body, prompt_ids, sample)
-        return {**self.envelope("chat.completion", sample, seed, len(prompt_ids)), "choices": [choice]}
+            self.add_token_ids(choice, body, prompt_ids, c)
+            choices.append(choice)
+        return {**self.envelope("chat.completion", got, len(prompt_ids)), "choices": choices}
 
     def models(self) -> dict[str, Any]:
         entry = {
@@ -304,6 +338,7 @@ def create_app(
     seed: int = 0,
     window_s: float = 0.005,
     max_batch: int = 32,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> FastAPI:
     """The FastAPI app serving `sampler`; run it with uvicorn (`reprorl serve policy` does)."""
     server = PolicyServer(
@@ -331,21 +366,7 @@ def create_app(
         response.headers[POLICY_VERSION_HEADER] = sampler.policy_version
         return response
 
-    @app.exception_handler(ApiError)
-    async def api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return _error(exc.status, exc.message, exc.param)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return _error(400, _validation_message(exc))
-
-    @app.exception_handler(HTTPException)
-    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
-        return _error(exc.status_code, str(exc.detail))
-
-    @app.exception_handler(Exception)
-    async def internal_error(_: Request, exc: Exception) -> JSONResponse:
-        return _error(500, f"internal error ({type(exc).__name__}): {exc}")
+    install_error_handlers(app, max_body_bytes)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

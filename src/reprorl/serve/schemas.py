@@ -1,8 +1,8 @@
 """The request bodies the policy server accepts: the subset of OpenAI's completions and chat APIs it honours.
 
 Clients send fields this server does not know (OpenAI and vLLM add new ones often), so unknown
-fields are ignored; fields whose meaning the server cannot honour (streaming, n > 1, echo, other
-stop strings) are refused by `policy_server` with a 400 rather than silently dropped.
+fields are ignored; fields whose meaning the server cannot honour (streaming, echo) are refused by
+`policy_server` with a 400 rather than silently dropped.
 """
 
 from __future__ import annotations
@@ -79,6 +79,7 @@ class ChatBody(SamplingBody):
 
     messages: list[ChatMessageBody] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     max_completion_tokens: int | None = Field(default=None, ge=1)

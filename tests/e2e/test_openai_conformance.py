@@ -1,0 +1,191 @@
+"""The policy server as the official `openai` client sees it: tool calls in OpenAI's shape, `n`, `stop`,
+and a body cap that refuses a huge request before parsing it.
+
+The tiny model samples for real; where a test needs the model to call a tool, the sampler says a
+scripted reply in the model's own tokens, so the server's reading of a call is what is tested.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+
+import httpx
+import openai
+import pytest
+
+from judge_server import serve
+from reprorl.actions import render_call
+from reprorl.policy import tiny_model
+from reprorl.policy.chat import ChatRenderer
+from reprorl.policy.sampling import LocalSampler, Sample, SampleRequest
+from reprorl.serve import create_app
+
+MODEL = "tiny"
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calc",
+            "description": "Evaluate an arithmetic expression.",
+            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+        },
+    }
+]
+ASK = [{"role": "user", "content": "What is 17 * 23?"}]
+CALL = render_call("calc", {"expression": "17 * 23"})
+
+
+class Saying(LocalSampler):
+    """Samples for real, then replaces each row's tokens by those of `reply` (the scripted part)."""
+
+    reply = "I will compute it. " + CALL
+
+    def sample(self, requests: Sequence[SampleRequest]) -> list[Sample]:
+        ids = tuple(self.tokenizer.encode(self.reply, add_special_tokens=False))
+        return [
+            replace(s, token_ids=ids, logprobs=(-0.5,) * len(ids), finish_reason="tool_call")
+            for s in super().sample(requests)
+        ]
+
+
+def served(sampler_type: type[LocalSampler]) -> Iterator[tuple[str, LocalSampler]]:
+    tiny = tiny_model(0)
+    sampler = sampler_type(tiny.model, tiny.tokenizer, model_hash=tiny.base_hash, policy_version="base:test")
+    app = create_app(sampler, ChatRenderer(tiny.tokenizer), model_name=MODEL, max_body_bytes=1 << 20)
+    with serve(app, lifespan="on") as url:
+        yield url, sampler
+
+
+@pytest.fixture(scope="module")
+def real() -> Iterator[tuple[str, LocalSampler]]:
+    yield from served(LocalSampler)
+
+
+@pytest.fixture(scope="module")
+def calling() -> Iterator[tuple[str, LocalSampler]]:
+    yield from served(Saying)
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url, api_key="unused", timeout=60.0, max_retries=0)
+
+
+def test_a_tool_call_comes_back_as_openai_tool_calls(calling: tuple[str, LocalSampler]) -> None:
+    url, _ = calling
+    done = client(url).chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, seed=4, max_tokens=64)
+    choice = done.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == "I will compute it."
+    (call,) = choice.message.tool_calls or []
+    assert call.type == "function" and call.function.name == "calc"
+    assert json.loads(call.function.arguments) == {"expression": "17 * 23"}
+    # The same request gives the same call id, so a replayed conversation lines up with its record.
+    again = client(url).chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, seed=4, max_tokens=64)
+    assert (again.choices[0].message.tool_calls or [])[0].id == call.id
+    # Sent back with its result, the call is rendered into the next prompt as the model wrote it.
+    follow = [
+        *ASK,
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "391"},
+    ]
+    assert (
+        client(url).chat.completions.create(model=MODEL, messages=follow, tools=TOOLS, max_tokens=8).choices
+    )
+
+
+def test_without_tools_or_with_a_malformed_call_the_reply_stays_text(
+    calling: tuple[str, LocalSampler],
+) -> None:
+    url, _ = calling
+    plain = client(url).chat.completions.create(model=MODEL, messages=ASK, max_tokens=64).choices[0]
+    assert (
+        plain.message.tool_calls is None
+        and plain.finish_reason == "stop"
+        and "<tool_call>" in str(plain.message.content)
+    )
+    refused = client(url).chat.completions.create(
+        model=MODEL, messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=64
+    )
+    assert refused.choices[0].message.tool_calls is None
+    Saying.reply = '<tool_call>{"name": "calc", "arguments": [1]}</tool_call>'
+    try:
+        broken = (
+            client(url)
+            .chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=64)
+            .choices[0]
+        )
+    finally:
+        Saying.reply = "I will compute it. " + CALL
+    assert (
+        broken.message.tool_calls is None
+        and broken.message.content == '<tool_call>{"name": "calc", "arguments": [1]}</tool_call>'
+    )
+
+
+def test_n_choices_are_distinct_and_reproducible(real: tuple[str, LocalSampler]) -> None:
+    url, _ = real
+    ask = {
+        "model": MODEL,
+        "messages": ASK,
+        "n": 4,
+        "seed": 11,
+        "max_tokens": 12,
+        "extra_body": {"return_token_ids": True},
+    }
+    first = client(url).chat.completions.create(**ask)  # type: ignore[call-overload]
+    again = client(url).chat.completions.create(**ask)  # type: ignore[call-overload]
+    tokens = [tuple(c.model_extra["token_ids"]) for c in first.choices]
+    assert [c.index for c in first.choices] == [0, 1, 2, 3] and len(set(tokens)) == 4
+    assert tokens == [tuple(c.model_extra["token_ids"]) for c in again.choices]
+    assert first.usage is not None and first.usage.completion_tokens == sum(len(t) for t in tokens)
+
+
+def test_stop_strings_cut_the_text_where_they_first_occur(real: tuple[str, LocalSampler]) -> None:
+    url, _ = real
+    ask = {"model": MODEL, "prompt": "17 * 23 =", "seed": 5, "max_tokens": 24, "temperature": 1.0}
+    whole = client(url).completions.create(**ask).choices[0]  # type: ignore[call-overload]
+    stop = whole.text[6:8]
+    assert len(stop) == 2 and stop in whole.text
+    cut = client(url).completions.create(**ask, stop=[stop]).choices[0]  # type: ignore[call-overload]
+    assert cut.text == whole.text[: whole.text.find(stop)]
+    assert cut.finish_reason == "stop" and cut.model_extra["stop_reason"] == stop
+
+
+def test_a_body_over_the_cap_is_refused_before_parsing_while_small_requests_go_on(
+    real: tuple[str, LocalSampler],
+) -> None:
+    url, _ = real
+    before = httpx.get(url.removesuffix("/v1") + "/health").json()["requests"]
+    answered: list[int] = []
+
+    def small() -> None:
+        answered.append(
+            client(url)
+            .completions.with_raw_response.create(model=MODEL, prompt=[1, 2], max_tokens=4)
+            .status_code
+        )
+
+    beside = threading.Thread(target=small)
+    beside.start()
+    huge = json.dumps({"model": MODEL, "prompt": "x" * (10 << 20)}).encode()
+    declared = httpx.post(
+        f"{url}/completions", content=huge, headers={"content-type": "application/json"}, timeout=30
+    )
+    chunked = httpx.post(
+        f"{url}/completions",
+        content=iter([huge[i : i + 65536] for i in range(0, len(huge), 65536)]),
+        headers={"content-type": "application/json"},
+        timeout=30,
+    )
+    beside.join(timeout=60)
+    for refused in (declared, chunked):
+        assert (
+            refused.status_code == 413 and "larger than 1048576 bytes" in refused.json()["error"]["message"]
+        )
+    assert answered == [200]
+    assert (
+        httpx.get(url.removesuffix("/v1") + "/health").json()["requests"] == before + 1
+    )  # only the small one sampled

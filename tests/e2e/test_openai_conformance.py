@@ -11,6 +11,7 @@ import json
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from typing import Any
 
 import httpx
 import openai
@@ -189,3 +190,29 @@ def test_a_body_over_the_cap_is_refused_before_parsing_while_small_requests_go_o
     assert (
         httpx.get(url.removesuffix("/v1") + "/health").json()["requests"] == before + 1
     )  # only the small one sampled
+
+
+def test_top_logprobs_come_from_the_distribution_drawn_from_and_change_no_token(
+    real: tuple[str, LocalSampler],
+) -> None:
+    url, _ = real
+    ask: dict[str, Any] = {
+        "model": MODEL,
+        "messages": ASK,
+        "seed": 2,
+        "max_tokens": 10,
+        "extra_body": {"return_token_ids": True, "return_tokens_as_token_ids": True},
+    }
+    plain = client(url).chat.completions.create(**ask).choices[0]
+    rich = client(url).chat.completions.create(**ask, logprobs=True, top_logprobs=5).choices[0]
+    assert rich.model_extra["token_ids"] == plain.model_extra["token_ids"]  # reporting changes no draw
+    assert rich.logprobs is not None and rich.logprobs.content
+    for entry in rich.logprobs.content:
+        top = [t.logprob for t in entry.top_logprobs]
+        assert len(top) == 5 and top == sorted(top, reverse=True) and entry.logprob <= top[0] + 1e-6
+        listed = {t.token: t.logprob for t in entry.top_logprobs}
+        if entry.token in listed:
+            assert listed[entry.token] == pytest.approx(entry.logprob, abs=1e-6)
+    greedy = client(url).chat.completions.create(**{**ask, "temperature": 0.0}, logprobs=True, top_logprobs=3)
+    for entry in greedy.choices[0].logprobs.content:  # type: ignore[union-attr]
+        assert entry.top_logprobs[0].token == entry.token

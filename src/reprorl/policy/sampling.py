@@ -51,6 +51,9 @@ class SampleRequest:
     prompt_ids: tuple[int, ...]
     params: SamplingParams
     seed: int
+    # The most likely tokens to report at each step with their logprobs (OpenAI's `top_logprobs`);
+    # they come from the distribution the token was drawn from and never change what is drawn.
+    top_logprobs: int = 0
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,8 @@ class Sample:
     # This row's share of the CPU seconds its batch took, measured by the sampler while the batch
     # had it to itself; None where the sampler does not measure (a remote server).
     cpu_s: float | None = None
+    # Per sampled token, the `top_logprobs` most likely (token id, logprob), most likely first.
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()
 
 
 class Sampler(Protocol):
@@ -88,6 +93,7 @@ class _Row:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish: FinishReason | None = None
+    top: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
 
 
 def stop_token_ids(tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
@@ -192,6 +198,7 @@ class LocalSampler:
                     )
                 ),
                 batch=keys,
+                top_logprobs=tuple(row.top),
                 policy_version=policy_version,
                 cpu_s=cpu_s,
             )
@@ -211,18 +218,28 @@ class LocalSampler:
         for i, row in enumerate(rows):
             uniforms[i, : budget[i]] = torch.rand(budget[i], generator=row.generator, dtype=torch.float64)
         params = [r.request.params for r in rows]
+        want = torch.tensor([r.request.top_logprobs for r in rows])
         cache = DynamicCache(config=self.model.config)
         logits, mask, width = self._prefill([r.request.prompt_ids for r in rows], steps, cache)
         stepper = self._fast_steps(cache, mask, width) or _HFSteps(self, cache, mask, width)
         slots = list(range(len(rows)))  # slot -> row; a finished row keeps its slot until compaction
         scratch = torch.empty_like(logits)
         for step in range(steps):
-            tokens, logprobs = _choose(
-                logits, [params[i] for i in slots], uniforms[slots, step], scratch[: len(slots)]
+            tokens, logprobs, top = _choose(
+                logits,
+                [params[i] for i in slots],
+                uniforms[slots, step],
+                scratch[: len(slots)],
+                want[slots].max(),
             )
             for slot, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist(), strict=True)):
                 row = rows[slots[slot]]
                 if row.finish is None:
+                    if top is not None and row.request.top_logprobs:
+                        k = row.request.top_logprobs
+                        row.top.append(
+                            tuple(zip(top[1][slot, :k].tolist(), top[0][slot, :k].tolist(), strict=True))
+                        )
                     self._record(row, token, logprob, budget[slots[slot]])
             live = [s for s, i in enumerate(slots) if rows[i].finish is None]
             if not live:
@@ -325,9 +342,14 @@ def _shared_prefix(prompts: Sequence[Sequence[int]]) -> int:
 
 
 def _choose(
-    logits: torch.Tensor, params: list[SamplingParams], uniforms: torch.Tensor, weights: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token per row by inverse CDF at its uniform (argmax at temperature 0), and its logprob.
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    uniforms: torch.Tensor,
+    weights: torch.Tensor,
+    top_logprobs: torch.Tensor | int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+    """One token per row by inverse CDF at its uniform (argmax at temperature 0), and its logprob;
+    with `top_logprobs` > 0, also that many most likely tokens' logprobs and ids per row.
 
     `weights` is scratch of the logits' shape, reused: a fresh vocabulary-wide buffer per step
     costs page faults that add up to more than the arithmetic.
@@ -349,7 +371,12 @@ def _choose(
     tokens = _inverse_cdf(weights, uniforms)
     if bool(greedy.any()):
         tokens = torch.where(greedy, scaled.argmax(dim=-1), tokens)
-    return tokens, scaled.gather(1, tokens[:, None])[:, 0] - log_total[:, 0]
+    top_n = int(top_logprobs)
+    best = None
+    if top_n > 0:
+        values, ids = scaled.topk(min(top_n, scaled.shape[-1]), dim=-1)
+        best = (values - log_total, ids)
+    return tokens, scaled.gather(1, tokens[:, None])[:, 0] - log_total[:, 0], best
 
 
 def _inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor, block: int = 256) -> torch.Tensor:

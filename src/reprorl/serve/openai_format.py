@@ -16,7 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from reprorl.actions import CLOSE, OPEN, parse_action
-from reprorl.types import ToolCall
+from reprorl.policy.http import tool_call_text
+from reprorl.serve.api_errors import ApiError
+from reprorl.serve.schemas import ChatMessageBody
+from reprorl.types import Message, ToolCall
 
 
 @dataclass(frozen=True)
@@ -93,3 +96,31 @@ def cut_at_stop(pieces: Sequence[str], stops: Sequence[str]) -> Cut | None:
         if length >= end:
             return Cut(text[:at], count, stop)
     return Cut(text[:at], len(pieces), stop)
+
+
+def token_bytes(piece: str) -> list[int] | None:
+    # A piece that ends inside a UTF-8 character decodes to U+FFFD, not its bytes.
+    return None if "\ufffd" in piece else list(piece.encode("utf-8"))
+
+
+def top_entry(token: str, logprob: float, text: str) -> dict[str, Any]:
+    """One of `top_logprobs`: the token as the request asked it named, its logprob, its text's bytes."""
+    return {"token": token, "logprob": logprob, "bytes": token_bytes(text)}
+
+
+def request_message(body: ChatMessageBody) -> Message:
+    """An OpenAI chat message as a reprorl message; structured tool calls become `<tool_call>` text."""
+    if isinstance(body.content, list):
+        texts = []
+        for part in body.content:
+            if part.type != "text" or part.text is None:
+                raise ApiError(
+                    400, f"content parts of type {part.type!r} are not supported", param="messages"
+                )
+            texts.append(part.text)
+        content = "".join(texts)
+    else:
+        content = body.content or ""
+    for call in body.tool_calls or []:
+        content += tool_call_text(call.function.name, call.function.arguments)
+    return Message(role=body.role, content=content, tool_call_id=body.tool_call_id, name=body.name)

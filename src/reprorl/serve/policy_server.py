@@ -5,8 +5,9 @@ with the prompt as text or token ids (sampled tokens come back as `"token_id:N"`
 convention), `/v1/chat/completions` rendered with the model's chat template, `/v1/models`, and
 `/health` with the batcher's counters. Chat replies carry the model's tool calls as OpenAI's
 `tool_calls` (`reprorl.serve.openai_format`); `n` samples of one request share a batch, each from
-its own derived seed; `stop` strings cut the reply where one first occurs. Every response carries the served policy version in the
-`x-reprorl-policy-version` header and as `system_fingerprint`. Bad input is a 400 with an OpenAI
+its own derived seed; `stop` strings cut the reply where one first occurs; `top_logprobs` come from
+the distribution each token was drawn from. Every response carries the served policy version in
+the `x-reprorl-policy-version` header and as `system_fingerprint`. Bad input is a 400 with an OpenAI
 error object; nothing a client sends can produce a traceback.
 """
 
@@ -26,13 +27,20 @@ from fastapi import FastAPI, Request, Response
 from reprorl.actions import CLOSE
 from reprorl.hashing import derive_seed
 from reprorl.policy.chat import ChatRenderer
-from reprorl.policy.http import POLICY_VERSION_HEADER, TOKEN_ID_PREFIX, tool_call_text
+from reprorl.policy.http import POLICY_VERSION_HEADER, TOKEN_ID_PREFIX
 from reprorl.policy.sampling import LocalSampler, Sample, SampleRequest
 from reprorl.serve.api_errors import DEFAULT_MAX_BODY_BYTES, ApiError, install_error_handlers
 from reprorl.serve.batcher import MicroBatcher
-from reprorl.serve.openai_format import chat_message, cut_at_stop, structured
-from reprorl.serve.schemas import ChatBody, ChatMessageBody, CompletionBody, SamplingBody
-from reprorl.types import Message, SamplingParams
+from reprorl.serve.openai_format import (
+    chat_message,
+    cut_at_stop,
+    request_message,
+    structured,
+    token_bytes,
+    top_entry,
+)
+from reprorl.serve.schemas import ChatBody, CompletionBody, SamplingBody
+from reprorl.types import SamplingParams
 
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /completions
 MAX_CHOICES = 16  # `n`: samples of one request
@@ -61,6 +69,8 @@ class Choice:
     logprobs: tuple[float, ...]
     finish: str
     stop_reason: str | int | None
+    # Per token: (id, text, logprob) of the most likely ones, most likely first.
+    top: tuple[tuple[tuple[int, str, float], ...], ...] = ()
 
 
 class PolicyServer:
@@ -139,7 +149,12 @@ class PolicyServer:
             text, _ = self.pieces(token_ids, body.skip_special_tokens)
             text = text[: text.find(cut.stop)] if cut.stop in text else cut.text
             finish, stop_reason = "stop", cut.stop
-        return Choice(sample, seed, text, pieces, tuple(token_ids), tuple(logprobs), finish, stop_reason)
+        decode = self.renderer.tokenizer.decode
+        top = tuple(
+            tuple((t, str(decode([t], skip_special_tokens=False)), lp) for t, lp in step)
+            for step in sample.top_logprobs[: len(token_ids)]
+        )
+        return Choice(sample, seed, text, pieces, tuple(token_ids), tuple(logprobs), finish, stop_reason, top)
 
     async def sample(
         self, prompt_ids: Sequence[int], body: SamplingBody, max_tokens: int
@@ -169,7 +184,13 @@ class PolicyServer:
             max_tokens=max_tokens,
             seed=seed,
         )
-        request = SampleRequest(key=f"req-{number}", prompt_ids=tuple(prompt_ids), params=params, seed=seed)
+        request = SampleRequest(
+            key=f"req-{number}",
+            prompt_ids=tuple(prompt_ids),
+            params=params,
+            seed=seed,
+            top_logprobs=body.top_count(),
+        )
         return await self.batcher.submit(request), seed
 
     def pieces(self, token_ids: Sequence[int], skip_special_tokens: bool) -> tuple[str, list[str]]:
@@ -234,8 +255,12 @@ class PolicyServer:
                 logprobs = {
                     "tokens": [f"{TOKEN_ID_PREFIX}{t}" for t in c.token_ids] if as_ids else list(c.pieces),
                     "token_logprobs": list(c.logprobs),
-                    # Only the sampled token's logprob is computed; alternatives are not.
-                    "top_logprobs": None,
+                    "top_logprobs": [
+                        {(f"{TOKEN_ID_PREFIX}{t}" if as_ids else text): lp for t, text, lp in step}
+                        for step in c.top
+                    ]
+                    if c.top
+                    else None,
                 }
             choice = {
                 "index": index,
@@ -250,7 +275,7 @@ class PolicyServer:
 
     async def chat(self, body: ChatBody) -> dict[str, Any]:
         self.check(body)
-        messages = [_message(m) for m in body.messages]
+        messages = [request_message(m) for m in body.messages]
         tools = body.tools or []
         try:
             prompt_ids = await self.batcher.run(self.renderer.prompt_ids, messages, tools)
@@ -271,11 +296,15 @@ class PolicyServer:
                         {
                             "token": f"{TOKEN_ID_PREFIX}{t}" if as_ids else piece,
                             "logprob": lp,
-                            # A piece that ends inside a UTF-8 character decodes to U+FFFD, not its bytes.
-                            "bytes": None if "\ufffd" in piece else list(piece.encode("utf-8")),
-                            "top_logprobs": [],
+                            "bytes": token_bytes(piece),
+                            "top_logprobs": [
+                                top_entry(f"{TOKEN_ID_PREFIX}{i}" if as_ids else text, value, text)
+                                for i, text, value in step
+                            ],
                         }
-                        for t, lp, piece in zip(c.token_ids, c.logprobs, c.pieces, strict=True)
+                        for t, lp, piece, step in zip(
+                            c.token_ids, c.logprobs, c.pieces, c.top or [()] * len(c.token_ids), strict=True
+                        )
                     ]
                 }
             reply = structured(c.text, c.finish, c.stop_reason, tools=offered, seed=c.seed, choice=index)
@@ -310,24 +339,6 @@ class PolicyServer:
             "sampler": self.sampler.info(),
             **self.batcher.stats.as_dict(),
         }
-
-
-def _message(body: ChatMessageBody) -> Message:
-    """An OpenAI chat message as a reprorl message; structured tool calls become `<tool_call>` text."""
-    if isinstance(body.content, list):
-        texts = []
-        for part in body.content:
-            if part.type != "text" or part.text is None:
-                raise ApiError(
-                    400, f"content parts of type {part.type!r} are not supported", param="messages"
-                )
-            texts.append(part.text)
-        content = "".join(texts)
-    else:
-        content = body.content or ""
-    for call in body.tool_calls or []:
-        content += tool_call_text(call.function.name, call.function.arguments)
-    return Message(role=body.role, content=content, tool_call_id=body.tool_call_id, name=body.name)
 
 
 def create_app(

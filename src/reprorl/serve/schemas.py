@@ -36,6 +36,10 @@ class SamplingBody(_Lenient):
     return_token_ids: bool = False
     skip_special_tokens: bool = True
 
+    def top_count(self) -> int:
+        """How many most likely tokens to report per sampled token."""
+        return 0
+
     def stop_strings(self) -> list[str]:
         if self.stop is None:
             return []
@@ -48,6 +52,9 @@ class CompletionBody(SamplingBody):
     prompt: str | list[int]
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
+
+    def top_count(self) -> int:
+        return self.logprobs or 0
 
 
 class ContentPart(_Lenient):
@@ -83,3 +90,6 @@ class ChatBody(SamplingBody):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+
+    def top_count(self) -> int:
+        return (self.top_logprobs or 0) if self.logprobs else 0

@@ -218,7 +218,7 @@ class LocalSampler:
         for i, row in enumerate(rows):
             uniforms[i, : budget[i]] = torch.rand(budget[i], generator=row.generator, dtype=torch.float64)
         params = [r.request.params for r in rows]
-        want = torch.tensor([r.request.top_logprobs for r in rows])
+        want = [r.request.top_logprobs for r in rows]
         cache = DynamicCache(config=self.model.config)
         logits, mask, width = self._prefill([r.request.prompt_ids for r in rows], steps, cache)
         stepper = self._fast_steps(cache, mask, width) or _HFSteps(self, cache, mask, width)
@@ -230,7 +230,7 @@ class LocalSampler:
                 [params[i] for i in slots],
                 uniforms[slots, step],
                 scratch[: len(slots)],
-                want[slots].max(),
+                max(want[i] for i in slots) if any(want) else 0,
             )
             for slot, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist(), strict=True)):
                 row = rows[slots[slot]]
@@ -346,7 +346,7 @@ def _choose(
     params: list[SamplingParams],
     uniforms: torch.Tensor,
     weights: torch.Tensor,
-    top_logprobs: torch.Tensor | int = 0,
+    top_logprobs: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
     """One token per row by inverse CDF at its uniform (argmax at temperature 0), and its logprob;
     with `top_logprobs` > 0, also that many most likely tokens' logprobs and ids per row.
@@ -371,10 +371,9 @@ def _choose(
     tokens = _inverse_cdf(weights, uniforms)
     if bool(greedy.any()):
         tokens = torch.where(greedy, scaled.argmax(dim=-1), tokens)
-    top_n = int(top_logprobs)
     best = None
-    if top_n > 0:
-        values, ids = scaled.topk(min(top_n, scaled.shape[-1]), dim=-1)
+    if top_logprobs > 0:
+        values, ids = scaled.topk(min(top_logprobs, scaled.shape[-1]), dim=-1)
         best = (values - log_total, ids)
     return tokens, scaled.gather(1, tokens[:, None])[:, 0] - log_total[:, 0], best
 

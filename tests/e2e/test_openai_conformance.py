@@ -216,3 +216,40 @@ def test_top_logprobs_come_from_the_distribution_drawn_from_and_change_no_token(
     greedy = client(url).chat.completions.create(**{**ask, "temperature": 0.0}, logprobs=True, top_logprobs=3)
     for entry in greedy.choices[0].logprobs.content:  # type: ignore[union-attr]
         assert entry.top_logprobs[0].token == entry.token
+
+
+def test_a_stream_carries_the_same_reply_as_text_or_as_tool_call_deltas(
+    real: tuple[str, LocalSampler], calling: tuple[str, LocalSampler]
+) -> None:
+    url, _ = real
+    ask: dict[str, Any] = {"model": MODEL, "messages": ASK, "seed": 8, "max_tokens": 12}
+    whole = client(url).chat.completions.create(**ask).choices[0]
+    chunks = list(
+        client(url).chat.completions.create(**ask, stream=True, stream_options={"include_usage": True})
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.finish_reason
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+    streamed = "".join(
+        c.choices[0].text
+        for c in client(url).completions.create(model=MODEL, prompt="17 *", seed=1, max_tokens=8, stream=True)
+    )
+    assert (
+        streamed
+        == client(url).completions.create(model=MODEL, prompt="17 *", seed=1, max_tokens=8).choices[0].text
+    )
+
+    url, _ = calling
+    calls: dict[int, dict[str, str]] = {}
+    finish = None
+    for chunk in client(url).chat.completions.create(**ask, tools=TOOLS, stream=True):
+        choice = chunk.choices[0]
+        finish = choice.finish_reason or finish
+        for delta in choice.delta.tool_calls or []:
+            got = calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
+            got["id"] += delta.id or ""
+            got["name"] += (delta.function.name if delta.function else None) or ""
+            got["arguments"] += (delta.function.arguments if delta.function else None) or ""
+    assert finish == "tool_calls" and list(calls) == [0]
+    assert calls[0]["name"] == "calc" and json.loads(calls[0]["arguments"]) == {"expression": "17 * 23"}

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
+from fastapi.responses import StreamingResponse
 
 from reprorl.actions import CLOSE
 from reprorl.hashing import derive_seed
@@ -40,6 +41,7 @@ from reprorl.serve.openai_format import (
     top_entry,
 )
 from reprorl.serve.schemas import ChatBody, CompletionBody, SamplingBody
+from reprorl.serve.streaming import chat_chunks, completion_chunks, sse
 from reprorl.types import SamplingParams
 
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /completions
@@ -101,8 +103,6 @@ class PolicyServer:
             raise ApiError(
                 404, f"model {body.model!r} is not served here; this server serves {self.model_name!r}"
             )
-        if body.stream:
-            raise ApiError(400, "streaming is not supported; send stream=false", param="stream")
         if not 1 <= body.n <= MAX_CHOICES:
             raise ApiError(400, f"n must be from 1 to {MAX_CHOICES}", param="n")
         stops = body.stop_strings()
@@ -387,12 +387,22 @@ def create_app(
     async def models() -> dict[str, Any]:
         return server.models()
 
-    @app.post("/v1/completions")
-    async def completions(body: CompletionBody) -> dict[str, Any]:
-        return await server.completions(body)
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionBody) -> dict[str, Any] | StreamingResponse:
+        done = await server.completions(body)
+        if not body.stream:
+            return done
+        return StreamingResponse(
+            sse(completion_chunks(done, include_usage=body.include_usage())), media_type="text/event-stream"
+        )
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatBody) -> dict[str, Any]:
-        return await server.chat(body)
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(body: ChatBody) -> dict[str, Any] | StreamingResponse:
+        done = await server.chat(body)
+        if not body.stream:
+            return done
+        return StreamingResponse(
+            sse(chat_chunks(done, include_usage=body.include_usage())), media_type="text/event-stream"
+        )
 
     return app

@@ -1,7 +1,7 @@
 """The request bodies the policy server accepts: the subset of OpenAI's completions and chat APIs it honours.
 
 Clients send fields this server does not know (OpenAI and vLLM add new ones often), so unknown
-fields are ignored; fields whose meaning the server cannot honour (streaming, echo) are refused by
+fields are ignored; fields whose meaning the server cannot honour (echo) are refused by
 `policy_server` with a 400 rather than silently dropped.
 """
 
@@ -31,6 +31,7 @@ class SamplingBody(_Lenient):
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
     n: int = 1
     stream: bool = False
+    stream_options: dict[str, Any] | None = None
     stop: str | list[str] | None = None
     return_tokens_as_token_ids: bool = False
     return_token_ids: bool = False
@@ -39,6 +40,10 @@ class SamplingBody(_Lenient):
     def top_count(self) -> int:
         """How many most likely tokens to report per sampled token."""
         return 0
+
+    def include_usage(self) -> bool:
+        """A streamed answer ends with a `usage` chunk (`stream_options.include_usage`)."""
+        return bool((self.stream_options or {}).get("include_usage"))
 
     def stop_strings(self) -> list[str]:
         if self.stop is None:

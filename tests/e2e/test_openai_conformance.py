@@ -253,3 +253,45 @@ def test_a_stream_carries_the_same_reply_as_text_or_as_tool_call_deltas(
             got["arguments"] += (delta.function.arguments if delta.function else None) or ""
     assert finish == "tool_calls" and list(calls) == [0]
     assert calls[0]["name"] == "calc" and json.loads(calls[0]["arguments"]) == {"expression": "17 * 23"}
+
+
+def test_the_responses_api_answers_text_and_function_call_items(
+    real: tuple[str, LocalSampler], calling: tuple[str, LocalSampler]
+) -> None:
+    url, _ = real
+    text = client(url).responses.create(
+        model=MODEL,
+        input="What is 17 * 23?",
+        instructions="Be brief.",
+        max_output_tokens=8,
+        extra_body={"seed": 3},
+    )
+    chat = client(url).chat.completions.create(
+        model=MODEL, messages=[{"role": "system", "content": "Be brief."}, *ASK], max_tokens=8, seed=3
+    )
+    assert text.output_text == chat.choices[0].message.content  # the same sample, another shape
+    assert text.usage is not None and text.usage.output_tokens == chat.usage.completion_tokens  # type: ignore[union-attr]
+    assert text.status in ("completed", "incomplete")
+
+    url, _ = calling
+    tools = [
+        {
+            "type": "function",
+            "name": "calc",
+            "description": "Evaluate.",
+            "parameters": TOOLS[0]["function"]["parameters"],
+        }
+    ]
+    asked = client(url).responses.create(model=MODEL, input=ASK, tools=tools, extra_body={"seed": 4})  # type: ignore[arg-type]
+    (call,) = [item for item in asked.output if item.type == "function_call"]
+    assert call.name == "calc" and json.loads(call.arguments) == {"expression": "17 * 23"}
+    follow = [
+        *ASK,
+        {"type": "function_call", "call_id": call.call_id, "name": "calc", "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": "391"},
+    ]
+    assert client(url).responses.create(model=MODEL, input=follow, tools=tools, max_output_tokens=8).output  # type: ignore[arg-type]
+    with pytest.raises(openai.BadRequestError, match="input_image"):
+        client(url).responses.create(
+            model=MODEL, input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]
+        )  # type: ignore[list-item]

@@ -40,6 +40,7 @@ from reprorl.serve.openai_format import (
     token_bytes,
     top_entry,
 )
+from reprorl.serve.responses_api import ResponsesBody, as_chat, as_response
 from reprorl.serve.schemas import ChatBody, CompletionBody, SamplingBody
 from reprorl.serve.streaming import chat_chunks, completion_chunks, sse
 from reprorl.types import SamplingParams
@@ -404,5 +405,9 @@ def create_app(
         return StreamingResponse(
             sse(chat_chunks(done, include_usage=body.include_usage())), media_type="text/event-stream"
         )
+
+    @app.post("/v1/responses")
+    async def responses(body: ResponsesBody) -> dict[str, Any]:
+        return as_response(await server.chat(as_chat(body)))
 
     return app

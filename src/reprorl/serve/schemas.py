@@ -16,11 +16,11 @@ from reprorl.types import Role
 MAX_SEED = 2**63 - 1
 
 
-class _Lenient(BaseModel):
+class Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-class SamplingBody(_Lenient):
+class SamplingBody(Lenient):
     """Fields shared by both endpoints; None means the OpenAI default."""
 
     model: str | None = None
@@ -62,23 +62,23 @@ class CompletionBody(SamplingBody):
         return self.logprobs or 0
 
 
-class ContentPart(_Lenient):
+class ContentPart(Lenient):
     type: str
     text: str | None = None
 
 
-class FunctionCall(_Lenient):
+class FunctionCall(Lenient):
     name: str
     arguments: str = "{}"
 
 
-class ToolCallBody(_Lenient):
+class ToolCallBody(Lenient):
     id: str | None = None
     type: str = "function"
     function: FunctionCall
 
 
-class ChatMessageBody(_Lenient):
+class ChatMessageBody(Lenient):
     role: Role
     content: str | list[ContentPart] | None = None
     tool_calls: list[ToolCallBody] | None = None

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fuzzed_outputs import model_outputs
 from reprorl.actions import CLOSE, MAX_CALLS, OPEN, parse_action, render_call
 
 
@@ -60,46 +60,8 @@ def test_too_many_calls_are_cut_and_reported() -> None:
     assert any("more than" in e for e in action.parse_errors)
 
 
-def _fragments(rng: random.Random) -> str:
-    pieces = [
-        OPEN,
-        CLOSE,
-        "{",
-        "}",
-        "[",
-        "]",
-        '"name"',
-        '"arguments"',
-        ":",
-        ",",
-        '"calc"',
-        "null",
-        "\x00",
-        "é",
-        "1e999",
-    ]
-    return "".join(rng.choice(pieces) for _ in range(rng.randint(0, 40)))
-
-
 def test_ten_thousand_fuzzed_outputs_never_raise_and_are_all_classified() -> None:
-    rng = random.Random(1234)
-    for i in range(10_000):
-        kind = i % 4
-        if kind == 0:
-            text = rng.randbytes(rng.randint(0, 300)).decode("utf-8", "replace")
-        elif kind == 1:
-            full = render_call("calc", {"expression": "1+" * rng.randint(0, 50) + "1"})
-            text = full[: rng.randint(0, len(full))]
-        elif kind == 2:
-            text = _fragments(rng)
-        else:
-            text = (
-                OPEN
-                + json.dumps(
-                    {"name": "x" * rng.randint(0, 80), "arguments": {"a": "b" * rng.randint(0, 9000)}}
-                )
-                + CLOSE
-            )
+    for text in model_outputs(10_000, seed=1234):
         action = parse_action(text)
         # Exactly one of: a final answer, at least one call, or at least one classified error.
         assert action.is_final or action.tool_calls or action.parse_errors

@@ -66,6 +66,7 @@ class Termination(StrEnum):
     SANDBOX_ERROR = "sandbox_error"
     INFRA_ERROR = "infra_error"
     UNSAFE_ACTION = "unsafe_action"
+    AGENT_ERROR = "agent_error"  # the agent program behind the proxy raised or exited non-zero
 
 
 class ScoreFailure(StrEnum):
@@ -229,7 +230,20 @@ class Turn(Record):
         default=(),
         description="Tokens appended to the context before this turn's sample: the whole rendered prompt "
         "on turn 0, the rendered tool results and next generation prompt after that. The context of "
-        "turn t is the concatenation, over turns up to t, of prompt_token_ids and (before t) token_ids.",
+        "turn t is the concatenation, over turns up to t, of prompt_token_ids and (before t) token_ids, "
+        "from the last turn with context_reset on.",
+    )
+    context_reset: bool = Field(
+        default=False,
+        description="This turn's prompt_token_ids are a whole context rendered afresh, not an extension of "
+        "the earlier turns: an agent behind the proxy sent a history that departs from what it was told "
+        "(edited, dropped or reordered messages, other tools). Turn 0 is always a whole context.",
+    )
+    diverged_at: int | None = Field(
+        default=None,
+        ge=0,
+        description="With context_reset: the index of the first message of the agent's request that "
+        "departs from the history it was told.",
     )
     token_ids: tuple[int, ...] = Field(default=(), description="The sampled tokens, exactly as drawn.")
     logprobs: tuple[float, ...] = Field(
@@ -325,6 +339,11 @@ class Trajectory(Record):
     sandbox: dict[str, JsonValue] = Field(
         default_factory=dict, description="The episode's sandbox: limits, isolation achieved, restarts."
     )
+    agent: dict[str, JsonValue] = Field(
+        default_factory=dict,
+        description="The agent program that drove the episode through the proxy (empty for reprorl's own "
+        "loop): its kind, reference and code hash, exit status, output tails, requests and divergences.",
+    )
 
     def tool_outcomes(self) -> list[ToolOutcome]:
         return [r.outcome for turn in self.turns for r in turn.tool_results]
@@ -333,6 +352,8 @@ class Trajectory(Record):
         """The exact token context turn `turn` was sampled from (token-in/token-out)."""
         ids: list[int] = []
         for t in self.turns[: turn + 1]:
+            if t.context_reset:
+                ids.clear()
             ids.extend(t.prompt_token_ids)
             if t.index < turn:
                 ids.extend(t.token_ids)

@@ -1,5 +1,6 @@
 """Run-spec schemas: what a training run is, loaded from TOML and pinned to exact versions."""
 
+from reprorl.config.agent import AgentSpec
 from reprorl.config.judge import JUDGES, JudgeConfig
 from reprorl.config.load import (
     apply_overrides,
@@ -31,6 +32,7 @@ from reprorl.refs import FLOATING_LABELS, ArtifactRef, ParsedRef, RefError, pars
 __all__ = [
     "FLOATING_LABELS",
     "JUDGES",
+    "AgentSpec",
     "ArtifactRef",
     "BudgetSpec",
     "DataSpec",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import json
 import types
 import typing
@@ -64,7 +66,12 @@ def _show(value: Any) -> str:
 
 
 def _section(model: type[BaseModel], path: str, out: list[str], seen: set[str]) -> None:
-    out += [f"### `{path or '(top level)'}` — {model.__name__}", "", (model.__doc__ or "").strip(), ""]
+    out += [
+        f"### `{path or '(top level)'}` — {model.__name__}",
+        "",
+        inspect.cleandoc(model.__doc__ or ""),
+        "",
+    ]
     out += ["| key | type | default | meaning |", "|---|---|---|---|"]
     nested: list[tuple[str, type[BaseModel]]] = []
     for name, field in model.model_fields.items():

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, model_validator
 
+from reprorl.config.agent import AgentSpec
 from reprorl.config.base import Owner, SpecModel
 from reprorl.config.judge import JudgeTable
 from reprorl.config.loss import LossTable, default_loss
@@ -381,7 +382,13 @@ class RunSpec(SpecModel):
     learning: LearningSpec
     evaluation: EvaluationSpec
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
+    agent: AgentSpec | None = Field(
+        default=None,
+        description="An agent program (command or callable) that drives each episode through the "
+        "agent proxy instead of reprorl's own tool loop.",
+    )
 
     def spec_hash(self) -> str:
         """`sha256:` of the canonical JSON of the spec; equal specs hash equally."""
-        return content_hash(self.model_dump(mode="json"))
+        # A section added later is left out while unset, so earlier specs keep their hash.
+        return content_hash(self.model_dump(mode="json", exclude={"agent"} if self.agent is None else None))

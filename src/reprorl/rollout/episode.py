@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from reprorl.actions import parse_action
 from reprorl.envs.base import ToolEnv
@@ -108,7 +108,9 @@ def turn_seed(episode_seed: int, turn: int) -> int:
 
 
 @dataclass
-class _Progress:
+class Progress:
+    """What an episode has done so far: its turns, counts and (once it ends) why it ended."""
+
     turns: list[Turn] = field(default_factory=list)
     completion_tokens: int = 0
     prompt_tokens: int = 0
@@ -118,10 +120,52 @@ class _Progress:
     score_failure: ScoreFailure | None = None
 
 
+@runtime_checkable
+class Driver(Protocol):
+    """Who acts in an opened episode: reprorl's own tool loop over a `Policy`, or an agent program."""
+
+    async def drive(
+        self,
+        env: ToolEnv,
+        task: Task,
+        ids: EpisodeIds,
+        limits: EpisodeLimits,
+        progress: Progress,
+        sandbox: Any,
+    ) -> None:
+        """Start the env and act until the episode ends, recording into `progress`."""
+        ...
+
+    def info(self) -> dict[str, Any]:
+        """What the trajectory records of the driver (`Trajectory.agent`; empty for the tool loop)."""
+        ...
+
+
+@dataclass(frozen=True)
+class PolicyLoop:
+    """reprorl's own loop: the policy answers, its tool calls run in the env, until an end."""
+
+    policy: Policy
+
+    async def drive(
+        self,
+        env: ToolEnv,
+        task: Task,
+        ids: EpisodeIds,
+        limits: EpisodeLimits,
+        progress: Progress,
+        sandbox: Any,
+    ) -> None:
+        await _loop(env, task, self.policy, ids, limits, progress, sandbox)
+
+    def info(self) -> dict[str, Any]:
+        return {}
+
+
 async def run_episode(
     env: ToolEnv,
     task: Task,
-    policy: Policy,
+    policy: Policy | Driver,
     *,
     verifier: Verifier,
     sandboxes: SandboxPool,
@@ -135,6 +179,9 @@ async def run_episode(
 ) -> Trajectory:
     """Run `policy` on `task` in `env` and return the complete record, whatever happens.
 
+    `policy` is a `Policy` answering in reprorl's own tool loop, or a `Driver` (an agent program
+    behind the proxy) that acts in the episode its own way.
+
     `cross` verifiers score the same final state after `verifier` did; each adds its pass (1.0) or
     fail (0.0) as the component `cross/<class name>`, which no weight covers, so the total and success
     stay the primary's. One that fails to score adds nothing. The reward's version names them all
@@ -142,8 +189,9 @@ async def run_episode(
     """
     limits = limits or EpisodeLimits()
     provenance = provenance or Provenance()
+    driver = policy if isinstance(policy, Driver) else PolicyLoop(policy)
     started = time.perf_counter()
-    progress = _Progress()
+    progress = Progress()
     reward = None
     sandbox_info: dict[str, Any] = {}
     try:
@@ -151,7 +199,7 @@ async def run_episode(
             sandbox_info = sandbox.info()
             try:
                 async with asyncio.timeout(limits.wall_s):
-                    await _loop(env, task, policy, ids, limits, progress, sandbox)
+                    await driver.drive(env, task, ids, limits, progress, sandbox)
             except TimeoutError:
                 progress.termination = Termination.MAX_WALL_TIME
             await sandbox.freeze()  # nothing the agent started may change the state being judged
@@ -209,6 +257,7 @@ async def run_episode(
         cpu_s=progress.cpu_s,
         wall_s=time.perf_counter() - started,
         sandbox=sandbox_info,
+        agent=driver.info(),
     )
 
 
@@ -239,7 +288,7 @@ async def _loop(
     policy: Policy,
     ids: EpisodeIds,
     limits: EpisodeLimits,
-    progress: _Progress,
+    progress: Progress,
     sandbox: Any,
 ) -> None:
     observation = await env.start(task, sandbox)

@@ -37,7 +37,8 @@ from reprorl.policy.chat import ChatRenderer
 from reprorl.policy.sampling import Sampler
 from reprorl.rewards import VerifierRunner
 from reprorl.rewards.isolation import DEFAULT_TIMEOUT_S
-from reprorl.rollout.episode import EpisodeIds, EpisodeLimits, Policy, Provenance, run_episode
+from reprorl.rollout.agents import AgentDriver, AgentProgram, AgentProxy, agent_limits
+from reprorl.rollout.episode import Driver, EpisodeIds, EpisodeLimits, Policy, Provenance, run_episode
 from reprorl.rollout.families import FAMILIES, Family
 from reprorl.rollout.judging import RewardJudge, judged
 from reprorl.rollout.model_policy import Gate, Lockstep, ModelPolicy, OpenLockstep, PoolRound
@@ -217,6 +218,7 @@ class RolloutRunner:
         judge: RewardJudge | None = None,
         barrier: Barrier | None = None,
         verifier_timeout_s: float = DEFAULT_TIMEOUT_S,
+        agent: AgentProgram | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -234,6 +236,8 @@ class RolloutRunner:
         self.judge = judge
         self.verifier_timeout_s = verifier_timeout_s
         self.barrier = barrier or BatchBarrier()
+        self.agent = agent
+        self._proxy: AgentProxy | None = None
         self._stack: AsyncExitStack | None = None
         self._sandboxes: SandboxPool | None = None
         self._verifiers: VerifierRunner | None = None
@@ -248,10 +252,19 @@ class RolloutRunner:
 
     async def __aenter__(self) -> Self:
         modules = sorted({m for f in self.families.values() for m in f.tool_modules})
+        limits, network_namespace = self.sandbox_limits, True
+        sys_path: tuple[str, ...] = ()
+        if self.agent is not None:
+            modules = sorted({*modules, *self.agent.modules})
+            limits = agent_limits(self.sandbox_limits, self.agent)
+            # The agent reaches the proxy on the host's loopback, so it shares the host's network.
+            network_namespace, sys_path = False, self.agent.sys_path
         async with AsyncExitStack() as stack:
             self._sandboxes = await stack.enter_async_context(
-                SandboxPool(modules, limits=self.sandbox_limits)
+                SandboxPool(modules, limits=limits, network=network_namespace, sys_path=sys_path)
             )
+            if self.agent is not None:
+                self._proxy = await stack.enter_async_context(AgentProxy())
             self._verifiers = await stack.enter_async_context(
                 VerifierRunner(timeout_s=self.verifier_timeout_s)
             )
@@ -410,9 +423,19 @@ class RolloutRunner:
     ) -> Trajectory:
         assert self._sandboxes is not None and self._verifiers is not None
         family = self._family(job.task)
-        policy: Policy
+        policy: Policy | Driver
         if self.policy_for is not None:
             policy = self.policy_for(job, rollout_id)
+        elif self.agent is not None:
+            assert lockstep is not None and self.renderer is not None and self._proxy is not None
+            policy = AgentDriver(
+                self.agent,
+                self._proxy,
+                self.renderer,
+                partial(lockstep.sample, lane),
+                self.params,
+                rollout_id,
+            )
         else:
             assert lockstep is not None and self.renderer is not None
             policy = ModelPolicy(

@@ -4,7 +4,7 @@ It serves the subset of the OpenAI API that token-in/token-out sampling needs: `
 with the prompt as text or token ids (sampled tokens come back as `"token_id:N"`, vLLM's
 convention), `/v1/chat/completions` rendered with the model's chat template, `/v1/models`, and
 `/health` with the batcher's counters. Chat replies carry the model's tool calls as OpenAI's
-`tool_calls` (`reprorl.serve.openai_format`); `n` samples of one request share a batch, each from
+`tool_calls` (`reprorl.openai_api.openai_format`); `n` samples of one request share a batch, each from
 its own derived seed; `stop` strings cut the reply where one first occurs; `top_logprobs` come from
 the distribution each token was drawn from. Every response carries the served policy version in
 the `x-reprorl-policy-version` header and as `system_fingerprint`. Bad input is a 400 with an OpenAI
@@ -27,12 +27,8 @@ from fastapi.responses import StreamingResponse
 
 from reprorl.actions import CLOSE
 from reprorl.hashing import derive_seed
-from reprorl.policy.chat import ChatRenderer
-from reprorl.policy.http import POLICY_VERSION_HEADER, TOKEN_ID_PREFIX
-from reprorl.policy.sampling import LocalSampler, Sample, SampleRequest
-from reprorl.serve.api_errors import DEFAULT_MAX_BODY_BYTES, ApiError, install_error_handlers
-from reprorl.serve.batcher import MicroBatcher
-from reprorl.serve.openai_format import (
+from reprorl.openai_api.api_errors import DEFAULT_MAX_BODY_BYTES, ApiError, install_error_handlers
+from reprorl.openai_api.openai_format import (
     chat_message,
     cut_at_stop,
     request_message,
@@ -40,9 +36,13 @@ from reprorl.serve.openai_format import (
     token_bytes,
     top_entry,
 )
-from reprorl.serve.responses_api import ResponsesBody, as_chat, as_response
-from reprorl.serve.schemas import ChatBody, CompletionBody, SamplingBody
-from reprorl.serve.streaming import chat_chunks, completion_chunks, sse
+from reprorl.openai_api.responses_api import ResponsesBody, as_chat, as_response
+from reprorl.openai_api.schemas import ChatBody, CompletionBody, SamplingBody
+from reprorl.openai_api.streaming import chat_chunks, completion_chunks, sse
+from reprorl.policy.chat import ChatRenderer
+from reprorl.policy.http import POLICY_VERSION_HEADER, TOKEN_ID_PREFIX
+from reprorl.policy.sampling import LocalSampler, Sample, SampleRequest
+from reprorl.serve.batcher import MicroBatcher
 from reprorl.types import SamplingParams
 
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /completions

@@ -1,6 +1,6 @@
 """Training: the local backend's primitives, training data from trajectories, and training stages."""
 
-from reprorl.trainer.data import Datum, collate, from_trajectory
+from reprorl.trainer.data import Datum, collate, from_trajectory, sequences
 from reprorl.trainer.ewma import EWMAWeights
 from reprorl.trainer.local import AdamParams, LocalTrainer, with_logprobs
 
@@ -11,5 +11,6 @@ __all__ = [
     "LocalTrainer",
     "collate",
     "from_trajectory",
+    "sequences",
     "with_logprobs",
 ]

@@ -1,9 +1,10 @@
 """Training data: a trajectory's tokens as one sequence, with the mask of what the policy produced.
 
 A multi-turn trajectory is trained on exactly the tokens it was sampled from (token-in/token-out):
-the context of its last turn followed by that turn's sampled tokens. Sampled tokens are learned
-from (mask 1, with the behaviour logprob recorded at sampling); prompts and rendered tool results
-are context only (mask 0).
+the context of its last turn followed by that turn's sampled tokens (one such sequence per context
+where an agent edited its history and a turn was sampled in a context rendered afresh). Sampled
+tokens are learned from (mask 1, with the behaviour logprob recorded at sampling); prompts and
+rendered tool results are context only (mask 0).
 """
 
 from __future__ import annotations
@@ -42,11 +43,34 @@ class Datum:
 
 
 def from_trajectory(trajectory: Trajectory, advantage: float = 0.0) -> Datum:
-    """The trajectory's full token sequence; its sampled tokens are the ones learned from."""
+    """The trajectory's full token sequence; its sampled tokens are the ones learned from.
+
+    Only for a trajectory sampled in one context throughout; `sequences` splits one whose agent
+    edited its history."""
+    parts = sequences(trajectory, advantage)
+    if len(parts) != 1:
+        raise ValueError(
+            f"rollout {trajectory.rollout_id} was sampled in {len(parts)} contexts; use sequences()"
+        )
+    return parts[0]
+
+
+def sequences(trajectory: Trajectory, advantage: float = 0.0) -> list[Datum]:
+    """One sequence per context the trajectory was sampled in, each with the trajectory's advantage.
+
+    A turn whose context was rendered afresh (`Turn.context_reset`: the agent behind the proxy sent
+    an edited history) starts a new sequence, so every trained token is learned in exactly the
+    context it was sampled in."""
+    starts = [i for i, turn in enumerate(trajectory.turns) if i == 0 or turn.context_reset]
+    ends = [*starts[1:], len(trajectory.turns)]
+    return [_sequence(trajectory, a, b, advantage) for a, b in zip(starts, ends, strict=True)]
+
+
+def _sequence(trajectory: Trajectory, start: int, end: int, advantage: float) -> Datum:
     ids: list[int] = []
     mask: list[float] = []
     logprobs: list[float] = []
-    for turn in trajectory.turns:
+    for turn in trajectory.turns[start:end]:
         ids.extend(turn.prompt_token_ids)
         mask.extend(0.0 for _ in turn.prompt_token_ids)
         logprobs.extend(0.0 for _ in turn.prompt_token_ids)

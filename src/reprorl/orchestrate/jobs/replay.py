@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -32,6 +33,7 @@ from reprorl.orchestrate.run.policies import OpenedPolicy
 from reprorl.orchestrate.run.rollouts import episode_limits, load_taskset
 from reprorl.policy.sampling import Sample, SampleRequest
 from reprorl.rewards import VerifierRunner
+from reprorl.rollout.agents import AgentDriver, AgentProxy, agent_limits, resolve_program
 from reprorl.rollout.episode import EpisodeIds, run_episode
 from reprorl.rollout.families import get_family
 from reprorl.rollout.judging import judged
@@ -284,8 +286,23 @@ class Replayer:
                 _compare_sample(report, turn, target, sample)
             return sample, 0.0
 
-        policy = ModelPolicy(submit, opened_for(0).renderer, target.sampling, target.rollout_id)
-        async with SandboxPool(family.tool_modules) as sandboxes, VerifierRunner() as verifiers:
+        renderer = opened_for(0).renderer
+        async with AsyncExitStack() as stack:
+            policy: ModelPolicy | AgentDriver = ModelPolicy(
+                submit, renderer, target.sampling, target.rollout_id
+            )
+            modules, limits, network = list(family.tool_modules), None, True
+            sys_path: tuple[str, ...] = ()
+            if spec.agent is not None:  # the agent runs again, through a proxy of the replay's own
+                program = resolve_program(spec.agent)
+                proxy = await stack.enter_async_context(AgentProxy())
+                policy = AgentDriver(program, proxy, renderer, submit, target.sampling, target.rollout_id)
+                modules += program.modules
+                limits, network, sys_path = agent_limits(None, program), False, program.sys_path
+            sandboxes = await stack.enter_async_context(
+                SandboxPool(modules, limits=limits, network=network, sys_path=sys_path)
+            )
+            verifiers = await stack.enter_async_context(VerifierRunner())
             live = await run_episode(
                 family.env(EnvConfig.from_spec(spec.data), seed=derive_seed(target.sampling.seed, "env")),
                 task,

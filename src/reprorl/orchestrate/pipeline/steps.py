@@ -29,7 +29,7 @@ from reprorl.algos import (
 from reprorl.config.spec import LearningSpec
 from reprorl.rollout.scoring import counted
 from reprorl.rollout.stats import ToolStats
-from reprorl.trainer import Datum, LocalTrainer, from_trajectory, with_logprobs
+from reprorl.trainer import Datum, LocalTrainer, sequences, with_logprobs
 from reprorl.trainer.ewma import EWMAWeights
 from reprorl.types import Trajectory
 
@@ -88,7 +88,7 @@ def group_data(
             if learning.drop_zero_variance_groups:
                 continue
         for member, value in zip(members, advantage(rewards).tolist(), strict=True):
-            data.append(from_trajectory(member, advantage=value))
+            data.extend(sequences(member, advantage=value))
     return data, {"zero_variance_groups": float(zero), "zero_variance_share": zero / max(len(groups), 1)}
 
 

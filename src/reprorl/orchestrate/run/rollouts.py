@@ -20,6 +20,7 @@ from reprorl.hashing import derive_seed
 from reprorl.orchestrate.run.integrity import integrity_metrics
 from reprorl.orchestrate.run.judge_reward import run_judge
 from reprorl.orchestrate.run.policies import OpenedPolicy
+from reprorl.rollout.agents import resolve_program
 from reprorl.rollout.episode import EpisodeLimits
 from reprorl.rollout.families import families_named
 from reprorl.rollout.runner import BARRIERS, Barrier, RolloutResult, RolloutRunner
@@ -91,6 +92,7 @@ def runner_for(
         judge=run_judge(spec, store_root),
         barrier=barrier or BARRIERS[learning.pipeline.lockstep](),
         verifier_timeout_s=spec.data.verifier_timeout_s,
+        agent=resolve_program(spec.agent) if spec.agent is not None else None,
     )
 
 

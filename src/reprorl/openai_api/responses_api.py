@@ -16,8 +16,8 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
-from reprorl.serve.api_errors import ApiError
-from reprorl.serve.schemas import ChatBody, Lenient
+from reprorl.openai_api.api_errors import ApiError
+from reprorl.openai_api.schemas import ChatBody, Lenient
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 

@@ -32,6 +32,8 @@ def error_response(status: int, message: str, param: str | None = None) -> JSONR
     kind = "invalid_request_error" if status < 500 else "internal_error"
     if status == 404:
         kind = "not_found_error"
+    elif status == 401:
+        kind = "authentication_error"
     body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
     return JSONResponse(body, status_code=status)
 

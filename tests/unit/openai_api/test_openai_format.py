@@ -7,8 +7,8 @@ import json
 
 from fuzzed_outputs import model_outputs
 from reprorl.actions import parse_action
-from reprorl.serve.openai_format import chat_message, request_message, structured
-from reprorl.serve.schemas import ChatMessageBody
+from reprorl.openai_api.openai_format import chat_message, request_message, structured
+from reprorl.openai_api.schemas import ChatMessageBody
 
 
 def test_ten_thousand_fuzzed_outputs_become_valid_messages_each_classified() -> None:

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from reprorl.actions import CLOSE, OPEN, parse_action
+from reprorl.openai_api.api_errors import ApiError
+from reprorl.openai_api.schemas import ChatMessageBody
 from reprorl.policy.http import tool_call_text
-from reprorl.serve.api_errors import ApiError
-from reprorl.serve.schemas import ChatMessageBody
 from reprorl.types import Message, ToolCall
 
 

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from reprorl.hashing import canonical_json, sha256_hex
+from reprorl.openai_api.api_errors import ApiError
+from reprorl.openai_api.openai_format import request_message
+from reprorl.openai_api.schemas import ChatMessageBody
 from reprorl.policy.chat import ChatRenderer
-from reprorl.serve.api_errors import ApiError
-from reprorl.serve.openai_format import request_message
-from reprorl.serve.schemas import ChatMessageBody
 
 Context = Literal["first", "continued", "diverged", "repeated"]
 

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from reprorl.actions import render_call
+from reprorl.openai_api.agent_session import AgentSession
+from reprorl.openai_api.openai_format import chat_message, request_message, structured
+from reprorl.openai_api.schemas import ChatMessageBody
 from reprorl.policy import tiny_model
 from reprorl.policy.chat import ChatRenderer
-from reprorl.serve.agent_session import AgentSession
-from reprorl.serve.openai_format import chat_message, request_message, structured
-from reprorl.serve.schemas import ChatMessageBody
 
 TOOLS = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
 ASK = {"role": "user", "content": "What is 17 * 23?"}

@@ -1,0 +1,45 @@
+"""An agent written with the official `openai` SDK: a plain tool loop, nothing of reprorl imported."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from calc_tools import calculate
+from openai import OpenAI
+
+CALC = {
+    "type": "function",
+    "function": {
+        "name": "calc",
+        "description": "Evaluate an arithmetic expression.",
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string"}},
+            "required": ["expression"],
+        },
+    },
+}
+
+
+def agent(*, base_url: str, api_key: str, model: str, task: dict[str, Any]) -> str:
+    """Answer the task, calling `calc` as the model asks; returns every reply's content, as JSON."""
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=60)
+    messages: list[dict[str, Any]] = list(task["messages"])
+    seen: list[Any] = []
+    for _ in range(8):
+        reply = client.chat.completions.create(model=model, messages=messages, tools=[CALC])  # type: ignore[arg-type]
+        message = reply.choices[0].message
+        seen.append(
+            {"content": message.content, "calls": [c.function.arguments for c in message.tool_calls or []]}
+        )
+        if not message.tool_calls:
+            break
+        messages.append(message.model_dump(exclude_none=True))
+        for call in message.tool_calls:
+            arguments = json.loads(call.function.arguments)
+            result = (
+                calculate(arguments.get("expression", "")) if call.function.name == "calc" else "no such tool"
+            )
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+    return json.dumps(seen)

@@ -5,6 +5,18 @@ from __future__ import annotations
 import ast
 import operator
 
+CALC = {
+    "type": "function",
+    "function": {
+        "name": "calc",
+        "description": "Evaluate an arithmetic expression.",
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string"}},
+            "required": ["expression"],
+        },
+    },
+}
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 
 

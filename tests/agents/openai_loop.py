@@ -5,21 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from calc_tools import calculate
+from calc_tools import CALC, calculate
 from openai import OpenAI
-
-CALC = {
-    "type": "function",
-    "function": {
-        "name": "calc",
-        "description": "Evaluate an arithmetic expression.",
-        "parameters": {
-            "type": "object",
-            "properties": {"expression": {"type": "string"}},
-            "required": ["expression"],
-        },
-    },
-}
 
 
 def agent(*, base_url: str, api_key: str, model: str, task: dict[str, Any]) -> str:

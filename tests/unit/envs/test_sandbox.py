@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 import os
@@ -31,6 +32,7 @@ from reprorl.envs.sandbox import (
     SandboxLimits,
     SandboxPool,
     UnknownToolError,
+    mounts,
     reap_sandboxes,
 )
 from reprorl.envs.sandbox.layout import owner_record
@@ -507,3 +509,34 @@ def test_without_the_privilege_to_mount_the_scratch_dirs_stay_shared() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["shared", "True"]
+
+
+@needs_root
+def test_the_interpreter_stays_importable_and_nothing_else_beside_it(
+    runner: LoopThread, pool: SandboxPool
+) -> None:
+    """Under its own uid a sandbox can import what the zygote did not (an agent framework imports
+    lazily) and start the interpreter again, even when Python lives in a folder others may not enter;
+    what else lay in that folder stays out of sight."""
+    hidden = mounts.hidden_interpreter_dirs()
+    beside = {
+        f"{top}/{entry}"
+        for top, dirs in hidden
+        for entry in (p.name for p in Path(top).iterdir())
+        if entry not in {d[len(top) + 1 :].split("/")[0] for d in dirs}
+    }
+    code = (
+        "import importlib, os, subprocess, sys\n"
+        "importlib.import_module('colorsys')\n"  # never imported by the zygote
+        "again = subprocess.run([sys.executable, '-c', 'import json; print(json.dumps(1))'],"
+        " capture_output=True, text=True, timeout=60)\n"
+        "seen = sorted(p for p in BESIDE if os.path.lexists(p))\n"
+        "result = repr((again.stdout.strip(), again.returncode, seen))\n"
+    ).replace("BESIDE", repr(sorted(beside)))
+    sandbox = runner.run(pool.open())
+    try:
+        done = call(runner, sandbox, "run_python", code=code)
+    finally:
+        runner.run(sandbox.close())
+    assert done.ok, done.error
+    assert ast.literal_eval(done.value) == ("1", 0, [])

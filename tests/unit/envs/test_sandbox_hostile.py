@@ -164,7 +164,9 @@ def test_files_outside_the_sandbox_cannot_be_read(
     secret.chmod(0o600)
     for path in (str(secret), "/root/.bashrc", "/etc/shadow", "../owner.json", "../../"):
         probe = runner.run(sandbox.call(f"{TOOLS}:read", {"path": path}))
-        assert probe.error_type in {"PermissionError", "IsADirectoryError"}, (path, probe)
+        # Root's home is not even there when the interpreter lives in it (only the interpreter is).
+        hidden = path.startswith("/root/") and probe.error_type == "FileNotFoundError"
+        assert probe.error_type in {"PermissionError", "IsADirectoryError"} or hidden, (path, probe)
     listing = runner.run(sandbox.call(f"{TOOLS}:listdir", {"path": ".."}))
     assert listing.error_type == "PermissionError"
     with sandbox_root() as outside:

@@ -11,13 +11,14 @@ after a crash or a timeout starts with empty scratch directories (its work dir i
 
 # Plain os calls rather than pathlib: this runs in every freshly forked sandbox process, where each
 # Python object touched costs a copied page, and pathlib touched enough to double the setup time.
-# ruff: noqa: PTH101, PTH102, PTH112, PTH120
+# ruff: noqa: PTH101, PTH102, PTH112, PTH116, PTH120
 
 from __future__ import annotations
 
 import ctypes
 import functools
 import os
+import sys
 
 CLONE_NEWNS = 0x00020000
 MS_NOSUID = 0x2
@@ -26,6 +27,8 @@ MS_NOEXEC = 0x8
 MS_BIND = 0x1000
 MS_REC = 0x4000
 MS_PRIVATE = 0x40000
+MS_RDONLY = 0x1
+MS_REMOUNT = 0x20
 
 SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 PAGE_BYTES = 4096
@@ -51,6 +54,7 @@ def make_private(sandbox_dir: str, tmp_bytes: int, *, own_pid_namespace: bool) -
     except OSError:
         return "shared"
     tmp = _private_scratch(sandbox_dir, tmp_bytes)
+    _reachable_interpreter(sandbox_dir)
     proc = own_pid_namespace and _private_proc()
     if tmp and proc:
         return "private_tmp_proc"
@@ -107,6 +111,69 @@ def _private_scratch(sandbox_dir: str, tmp_bytes: int) -> bool:
         if sandbox_fd >= 0:
             os.close(sandbox_fd)
     return True
+
+
+@functools.cache
+def hidden_interpreter_dirs() -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """Folders of this interpreter (its prefixes and import path) that a sandbox's own uid could not
+    reach, grouped under the highest folder that others may not pass (a Python installed in root's
+    0700 home, say): `((top, (dir, ...)), ...)`. Asked once by the zygote, like `scratch_dirs`."""
+    wanted = [sys.base_prefix, sys.prefix, sys.exec_prefix, *sys.path]
+    found: dict[str, list[str]] = {}
+    for path in dict.fromkeys(os.path.realpath(p) for p in wanted if p):
+        if not os.path.isdir(path):
+            continue
+        top = _first_closed_ancestor(path)
+        if top is not None:
+            found.setdefault(top, []).append(path)
+    out = []
+    for top, dirs in found.items():
+        # Only the outermost: a prefix already brings its lib/ along.
+        outer = [d for d in dirs if not any(d != o and d.startswith(o + "/") for o in dirs)]
+        out.append((top, tuple(sorted(outer))))
+    return tuple(out)
+
+
+def _first_closed_ancestor(path: str) -> str | None:
+    parts = path.strip("/").split("/")
+    for depth in range(1, len(parts)):
+        ancestor = "/" + "/".join(parts[:depth])
+        if not os.stat(ancestor).st_mode & 0o001:
+            return ancestor
+    return None
+
+
+def _reachable_interpreter(sandbox_dir: str) -> None:
+    """Make the interpreter's own files importable under the sandbox's uid, and only them.
+
+    A tool function runs in the pre-imported zygote's copy and needs nothing more, but an agent
+    program imports lazily (a framework's `concurrent.futures.thread`, `urllib.request`) and may
+    start the interpreter again. Each closed folder above the interpreter is covered by an empty
+    tmpfs, into which the interpreter's folders are bound read-only: the sandbox reaches them and
+    nothing else that was there."""
+    for top, dirs in hidden_interpreter_dirs():
+        keep = [*dirs, *([sandbox_dir] if sandbox_dir.startswith(top + "/") else [])]
+        fds = [os.open(d, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for d in keep]
+        try:
+            _mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, "size=65536,nr_inodes=256,mode=0711")
+            for path, fd in zip(keep, fds, strict=True):
+                if path == sandbox_dir:
+                    _recreate(path, fd)
+                    continue
+                _make_path(path)
+                _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
+                _mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY, None)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+
+def _make_path(path: str) -> None:
+    missing = [path]
+    while not os.path.isdir(os.path.dirname(missing[-1])):
+        missing.append(os.path.dirname(missing[-1]))
+    for folder in reversed(missing):
+        _make_dir(folder, 0o711)
 
 
 def _recreate(sandbox_dir: str, sandbox_fd: int) -> None:

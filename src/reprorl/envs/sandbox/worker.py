@@ -27,7 +27,8 @@ from reprorl.envs.sandbox.protocol import CONTROL_MESSAGE_BYTES, decode_control,
 
 KILL_DEADLINE_S = 10.0
 # Modules the standard library imports lazily. A sandbox that dropped to its own uid may be unable
-# to read the interpreter's files (e.g. a Python installed under /root), so they are imported here.
+# to read the interpreter's files (e.g. a Python installed under /root) where no private mount
+# namespace binds them back in (`mounts.hidden_interpreter_dirs`), so they are imported here.
 STDLIB_PRELOAD = (
     "encodings.idna",
     "encodings.ascii",
@@ -83,6 +84,7 @@ class Zygote:
             with contextlib.suppress(ImportError):
                 importlib.import_module(name)
         mounts.scratch_dirs()  # resolved once here rather than in every sandbox process
+        mounts.hidden_interpreter_dirs()
         tools: dict[str, list[str]] = {}
         errors: dict[str, str] = {}
         for name in message.get("modules", []):

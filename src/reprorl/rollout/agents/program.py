@@ -19,7 +19,7 @@ from reprorl.config.agent import AgentSpec
 from reprorl.errors import UserInputError
 from reprorl.hashing import HASH_PREFIX
 
-INSIDE = "reprorl.rollout.agents.inside"
+INSIDE = "reprorl.envs.agent_launch"  # light: the zygote imports it beside the tool modules
 
 
 @dataclass(frozen=True)

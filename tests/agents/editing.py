@@ -17,7 +17,7 @@ def agent(*, base_url: str, api_key: str, model: str, task: dict[str, Any]) -> s
         {"role": "assistant", "content": "(earlier answer elided)"},
         {
             "role": "user",
-            "content": f"Check your answer; you said {len(first.choices[0].message.content or '')} characters.",
+            "content": f"Check your answer; you said {said} characters.",
         },
     ]
     second = client.chat.completions.create(model=model, messages=messages)

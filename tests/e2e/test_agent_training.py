@@ -1,4 +1,4 @@
-"""Training through the agent proxy: three real agent frameworks, the real tiny model, `reprorl run` and `replay`.
+"""Training through the agent proxy: three real agent frameworks, the tiny model, `reprorl run` and `replay`.
 
 Each client trains two steps; the record shows the weights moved, every reply the agent was told
 is the policy's recorded tokens, and `reprorl replay` runs the agent again and reproduces them.
@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from cli_support import Cli, run_ids, tiny_spec, tiny_training_store
+
 from reprorl.openai_api.openai_format import structured
 from reprorl.store import find_run
 from reprorl.store.rollout_query import RolloutStore
@@ -35,7 +35,7 @@ def what_the_agent_saw(client: str, trajectory: Trajectory) -> list[str]:
     returned: Any = trajectory.agent["returned"]
     if client == "openai_loop:agent":
         return [step["content"] or "" for step in json.loads(returned)]
-    return told(trajectory)[:-1] + [returned]  # the frameworks return their final output
+    return [*told(trajectory)[:-1], returned]  # the frameworks return their final output
 
 
 @pytest.mark.parametrize("client", ["openai_loop:agent", "agents_sdk:agent", "langgraph_agent:agent"])

@@ -47,7 +47,7 @@ class Saying(LocalSampler):
     def sample(self, requests: Sequence[SampleRequest]) -> list[Sample]:
         ids = tuple(self.tokenizer.encode(self.reply, add_special_tokens=False))
         return [
-            replace(s, token_ids=ids, logprobs=(-0.5,) * len(ids), finish_reason="tool_call")
+            replace(s, token_ids=ids, text=self.reply, logprobs=(-0.5,) * len(ids), finish_reason="tool_call")
             for s in super().sample(requests)
         ]
 

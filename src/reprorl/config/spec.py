@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag, model_validator
+from pydantic import (
+    Discriminator,
+    Field,
+    SerializerFunctionWrapHandler,
+    Tag,
+    model_serializer,
+    model_validator,
+)
 
 from reprorl.config.agent import AgentSpec
 from reprorl.config.base import Owner, SpecModel
@@ -388,7 +395,15 @@ class RunSpec(SpecModel):
         "agent proxy instead of reprorl's own tool loop.",
     )
 
+    @model_serializer(mode="wrap")
+    def _unset_sections_left_out(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A section added later is left out of every dump while unset, so the records of earlier
+        # runs and the spec documents they hash read the same as before it existed.
+        data: dict[str, Any] = handler(self)
+        if data.get("agent", ...) is None:
+            del data["agent"]
+        return data
+
     def spec_hash(self) -> str:
         """`sha256:` of the canonical JSON of the spec; equal specs hash equally."""
-        # A section added later is left out while unset, so earlier specs keep their hash.
-        return content_hash(self.model_dump(mode="json", exclude={"agent"} if self.agent is None else None))
+        return content_hash(self.model_dump(mode="json"))

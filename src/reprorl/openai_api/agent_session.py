@@ -74,10 +74,12 @@ class AgentSession:
     context_ids: list[int] = field(default_factory=list)  # the last prompt plus what was sampled in it
     last_sampled: tuple[int, ...] = ()
     divergences: int = 0
+    _told: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
     def prompt(self, messages: Sequence[ChatMessageBody], tools: Sequence[dict[str, Any]]) -> Prompt:
         """The context to sample this request in (runs where the tokenizer may run: the model thread)."""
         told = [normal(m) for m in messages]
+        self._told = told  # `record` extends it with the reply: each message is normalised once
         tools_hash = sha256_hex(canonical_json(list(tools)).encode())
         request_hash = sha256_hex(canonical_json({"messages": told, "tools_hash": tools_hash}).encode())
         if not self.history:
@@ -127,7 +129,8 @@ class AgentSession:
         reply: dict[str, Any],
     ) -> None:
         """After a sample: the agent has now been told its request and the proxy's reply."""
-        self.history = [normal(m) for m in messages] + [normal(ChatMessageBody.model_validate(reply))]
+        told = self._told if len(self._told) == len(messages) else [normal(m) for m in messages]
+        self.history = [*told, normal(ChatMessageBody.model_validate(reply))]
         self.tools_hash = sha256_hex(canonical_json(list(tools)).encode())
         self.context_ids = [*prompt.token_ids, *sampled]
         self.last_sampled = tuple(sampled)

@@ -108,6 +108,33 @@ def top_entry(token: str, logprob: float, text: str) -> dict[str, Any]:
     return {"token": token, "logprob": logprob, "bytes": token_bytes(text)}
 
 
+TopStep = Sequence[tuple[int, str, float]]  # per sampled token: (token id, its text, logprob), best first
+
+
+def logprob_content(
+    token_ids: Sequence[int],
+    logprobs: Sequence[float],
+    pieces: Sequence[str],
+    top: Sequence[TopStep],
+    *,
+    as_ids: bool,
+    id_prefix: str,
+) -> list[dict[str, Any]]:
+    """`choices[i].logprobs.content` of a chat completion: each sampled token, its logprob and the
+    most likely alternatives; `as_ids` names tokens `<id_prefix><id>` (vLLM's return_tokens_as_token_ids)."""
+    return [
+        {
+            "token": f"{id_prefix}{t}" if as_ids else piece,
+            "logprob": lp,
+            "bytes": token_bytes(piece),
+            "top_logprobs": [
+                top_entry(f"{id_prefix}{i}" if as_ids else text, value, text) for i, text, value in step
+            ],
+        }
+        for t, lp, piece, step in zip(token_ids, logprobs, pieces, top or [()] * len(token_ids), strict=True)
+    ]
+
+
 def request_message(body: ChatMessageBody) -> Message:
     """An OpenAI chat message as a reprorl message; structured tool calls become `<tool_call>` text."""
     if isinstance(body.content, list):

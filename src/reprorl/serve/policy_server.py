@@ -31,10 +31,9 @@ from reprorl.openai_api.api_errors import DEFAULT_MAX_BODY_BYTES, ApiError, inst
 from reprorl.openai_api.openai_format import (
     chat_message,
     cut_at_stop,
+    logprob_content,
     request_message,
     structured,
-    token_bytes,
-    top_entry,
 )
 from reprorl.openai_api.responses_api import ResponsesBody, as_chat, as_response
 from reprorl.openai_api.schemas import ChatBody, CompletionBody, SamplingBody
@@ -291,23 +290,15 @@ class PolicyServer:
         for index, c in enumerate(got):
             logprobs = None
             if body.logprobs:
-                as_ids = body.return_tokens_as_token_ids
-                logprobs = {
-                    "content": [
-                        {
-                            "token": f"{TOKEN_ID_PREFIX}{t}" if as_ids else piece,
-                            "logprob": lp,
-                            "bytes": token_bytes(piece),
-                            "top_logprobs": [
-                                top_entry(f"{TOKEN_ID_PREFIX}{i}" if as_ids else text, value, text)
-                                for i, text, value in step
-                            ],
-                        }
-                        for t, lp, piece, step in zip(
-                            c.token_ids, c.logprobs, c.pieces, c.top or [()] * len(c.token_ids), strict=True
-                        )
-                    ]
-                }
+                content = logprob_content(
+                    c.token_ids,
+                    c.logprobs,
+                    c.pieces,
+                    c.top,
+                    as_ids=body.return_tokens_as_token_ids,
+                    id_prefix=TOKEN_ID_PREFIX,
+                )
+                logprobs = {"content": content}
             reply = structured(c.text, c.finish, c.stop_reason, tools=offered, seed=c.seed, choice=index)
             choice = {
                 "index": index,

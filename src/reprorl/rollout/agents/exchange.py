@@ -21,7 +21,7 @@ from typing import Any
 from reprorl.actions import OPEN, parse_action
 from reprorl.openai_api.agent_session import AgentSession
 from reprorl.openai_api.api_errors import ApiError
-from reprorl.openai_api.openai_format import chat_message, structured
+from reprorl.openai_api.openai_format import chat_message, logprob_content, structured
 from reprorl.openai_api.schemas import ChatBody, ChatMessageBody
 from reprorl.policy.chat import ChatRenderer
 from reprorl.policy.sampling import Sample, SampleRequest
@@ -93,13 +93,18 @@ class Exchange:
             index = len(self.turns)
             seed = self.seed_of(index)
             request = SampleRequest(
-                key=f"{self.rollout_id}/{index}", prompt_ids=prompt.token_ids, params=self.params, seed=seed
+                key=f"{self.rollout_id}/{index}",
+                prompt_ids=prompt.token_ids,
+                params=self.params,
+                seed=seed,
+                top_logprobs=body.top_count(),  # reported beside the sample; it changes no token
             )
             started = time.perf_counter()
             sample, cpu_s = await self.submit(request)
             sample_s = time.perf_counter() - started
             offered = bool(tools) and body.tool_choice != "none"
-            reply = structured(sample.text, sample.finish_reason, None, tools=offered, seed=seed, choice=0)
+            finish = "length" if sample.finish_reason == "length" else "stop"  # OpenAI's, before calls
+            reply = structured(sample.text, finish, None, tools=offered, seed=seed, choice=0)
             message = chat_message(reply)
             self._session.record(body.messages, tools, prompt, sample.token_ids, message)
             whole = prompt.context != "continued"
@@ -131,7 +136,8 @@ class Exchange:
                 self.end(Termination.MAX_TOKENS)
             elif reply.tool_calls and len(self.turns) >= self.limits.max_turns:
                 self.end(Termination.MAX_TURNS)  # it would call a tool and ask again: no turn is left
-            return self._completion(message, reply.finish_reason, sample, len(request.prompt_ids))
+            logprobs = {"content": self._logprobs(sample)} if body.logprobs else None
+            return self._completion(message, reply.finish_reason, sample, len(request.prompt_ids), logprobs)
 
     def _admit(self, body: ChatBody) -> None:
         if self.over.is_set():
@@ -168,8 +174,23 @@ class Exchange:
             )
         self.turns[-1] = last.model_copy(update={"tool_results": tuple(results)})
 
+    def _logprobs(self, sample: Sample) -> list[dict[str, Any]]:
+        decode = self.renderer.tokenizer.decode
+
+        def text(token: int) -> str:
+            return str(decode([token], skip_special_tokens=False))
+
+        top = [tuple((t, text(t), lp) for t, lp in step) for step in sample.top_logprobs]
+        pieces = [text(t) for t in sample.token_ids]
+        return logprob_content(sample.token_ids, sample.logprobs, pieces, top, as_ids=False, id_prefix="")
+
     def _completion(
-        self, message: dict[str, Any], finish: str, sample: Sample, prompt_tokens: int
+        self,
+        message: dict[str, Any],
+        finish: str,
+        sample: Sample,
+        prompt_tokens: int,
+        logprobs: dict[str, Any] | None,
     ) -> dict[str, Any]:
         completion_tokens = len(sample.token_ids)
         return {
@@ -178,7 +199,7 @@ class Exchange:
             "created": int(time.time()),
             "model": "policy",
             "system_fingerprint": sample.policy_version,
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
+            "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}],
             "usage": {
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,

@@ -1,12 +1,15 @@
-"""`reprorl runs export-metrics`: replay a run's recorded metrics and events into TensorBoard, MLflow, W&B."""
+"""`reprorl runs export-metrics` and `export-adapter`: a run's records and weights, for other tools."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import typer
 
 from reprorl.cli.context import options
 from reprorl.cli.output import console, print_json
 from reprorl.errors import UserInputError
+from reprorl.orchestrate.jobs.export_adapter import export_adapter
 from reprorl.sinks import export_run, parse_targets
 from reprorl.store import find_run
 
@@ -36,3 +39,21 @@ def export_metrics(
         console.print(
             f"{record.run_id} → {label}: {result.metric_lines} metric lines, {result.events} events{skipped}"
         )
+
+
+def export_adapter_cmd(
+    ctx: typer.Context,
+    run: str = typer.Argument(..., help="Run id or a unique prefix of it."),
+    out: Path = typer.Option(..., "--out", "-o", help="A new folder to write the peft adapter into."),
+    copy_base: bool = typer.Option(
+        False, "--copy-base", help="Write the base model into the folder too, so it stands alone."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Export the run's adapter as a plain peft folder: AutoPeftModelForCausalLM.from_pretrained(OUT)."""
+    exported = export_adapter(options(ctx).store(), run, out, copy_base=copy_base)
+    if as_json:
+        print_json(exported.to_json())
+        return
+    console.print(f"{exported.run_id} adapter {exported.adapter_hash} → {exported.folder}")
+    console.print(f"base: {exported.base_model_path} ({exported.base_model_hash})")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_support import Cli, run_ids, tiny_spec, tiny_training_store
 from peft import AutoPeftModelForCausalLM
 
-from cli_support import Cli, run_ids, tiny_spec, tiny_training_store
 from reprorl.cli.main import main
 from reprorl.policy import load_adapter, load_base
 from reprorl.store import Store, find_run

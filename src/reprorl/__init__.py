@@ -3,8 +3,8 @@
 What users write and call is re-exported here, for three stories: write an env family (`family`,
 `ToolEnv`, `tool`, `Verifier`, `register_verifier`, ...), write a loss or a judge (`register_loss`,
 `LossConfig`, `TokenBatch`, `register_judge`, ...), and run a spec (`load_spec`, `Store`,
-`train_run`, ...). Everything else is internal: submodules are
-layers (see docs/architecture.md) and may change between versions.
+`train_run`, `AgentSpec` for an agent program behind the proxy, ...). Everything else is
+internal: submodules are layers (see docs/architecture.md) and may change between versions.
 """
 
 import os
@@ -17,7 +17,7 @@ os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 
 from reprorl.actions import render_call
-from reprorl.config import RunSpec, load_spec
+from reprorl.config import AgentSpec, RunSpec, load_spec
 from reprorl.config.judge import JudgeConfig
 from reprorl.config.loss import LossConfig
 from reprorl.envs import ToolEnv, generate_splits, tool, workspace_path
@@ -49,6 +49,8 @@ _LAZY = {
     "replay": "reprorl.orchestrate.jobs.replay",
     "RolloutStore": "reprorl.store.rollout_query",
     "HttpSampler": "reprorl.policy.http",
+    "sequences": "reprorl.trainer.data",
+    "export_adapter": "reprorl.orchestrate.jobs.export_adapter",
 }
 
 
@@ -103,6 +105,7 @@ __all__ = [  # noqa: RUF022 -- grouped by the story each name serves
     "sequence_mean",
     "sequence_means",
     # Run a spec, and look at what it recorded.
+    "AgentSpec",
     "EpisodeIds",
     "HttpSampler",
     "RolloutStore",
@@ -117,6 +120,8 @@ __all__ = [  # noqa: RUF022 -- grouped by the story each name serves
     "load_spec",
     "replay",
     "run_episode",
+    "sequences",
+    "export_adapter",
     "train_run",
     "__version__",
 ]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import hashlib
+import json
 import re
 import textwrap
 from pathlib import Path
@@ -13,7 +15,7 @@ from typing import Any
 import pytest
 import test_plugin_package
 import test_serve_policy
-from cli_support import tiny_training_store
+from cli_support import Cli, run_ids, tiny_spec, tiny_training_store
 
 from judge_server import app, naive, serve
 from reprorl.config import JUDGES, load_spec, resolve_spec
@@ -24,6 +26,8 @@ from reprorl.orchestrate.jobs.sample import sample_run
 from reprorl.policy import tiny_model
 from reprorl.policy.chat import ChatRenderer
 from reprorl.policy.sampling import SampleRequest
+from reprorl.store import find_run
+from reprorl.store.rollout_query import RolloutStore
 from reprorl.types import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,6 +43,7 @@ RUNNERS: dict[str, Any] = {
     "rollouts = RolloutStore(run)": "test_the_rollouts_block_queries_a_recorded_run",
     "with HttpSampler(base_url": "test_the_http_sampler_block_samples_from_a_served_policy",
     "@register_judge(PassFailConfig)": "test_the_judge_kind_block_is_selected_by_kind",
+    "def calculate(expression):": "test_the_agent_block_trains_through_the_proxy_and_replays",
 }
 
 
@@ -142,3 +147,36 @@ def judge_rollout(answer: str) -> Any:
         turns=(Turn(index=0, text=answer, finish_reason="stop"),),
         termination=Termination.ANSWERED,
     )
+
+
+def test_the_agent_block_trains_through_the_proxy_and_replays(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = tiny_training_store(tmp_path)
+    agents = tmp_path / "agents"
+    agents.mkdir()
+    module = agents / "calculator_agent.py"
+    module.write_text(block_with("def calculate(expression):"))  # the block as written
+    small = tmp_path / "calc-eval-small.jsonl"
+    small.write_bytes(b"".join(store.read("calc-eval@v1").splitlines(keepends=True)[:2]))
+    store.add("calc-eval-small", small, kind="taskset")
+    agent = f'[agent]\nowner = "you@example.com"\ncallable = "calculator_agent:agent"\npath = ["{agents}"]\n'
+    (tmp_path / "spec.toml").write_text(
+        tiny_spec("docs-agent", evaluation={"suites": ["calc-eval-small"]}) + agent
+    )
+    cli = Cli(tmp_path / "home", capsys)
+    code, _, err = cli("run", str(tmp_path / "spec.toml"))
+    assert code == 0, err
+    (run_id,) = run_ids(tmp_path / "home")
+    rollouts = list(RolloutStore(find_run(store, run_id)).trajectories())
+    digest = "sha256:" + hashlib.sha256(module.read_bytes()).hexdigest()
+    bad = [
+        (t.termination, t.error, t.agent)
+        for t in rollouts
+        if not (t.agent["code_hash"] == digest and t.turns)
+    ]
+    assert rollouts and not bad, bad[:2]
+    assert not [t.error for t in rollouts if t.termination.value == "agent_error"]
+    chosen = next(t.rollout_id for t in rollouts if "/train/1/" in t.rollout_id)
+    code, out, err = cli("replay", chosen, "--json")
+    assert code == 0 and json.loads(out)["identical"], (out, err)

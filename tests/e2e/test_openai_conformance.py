@@ -295,3 +295,38 @@ def test_the_responses_api_answers_text_and_function_call_items(
         client(url).responses.create(
             model=MODEL, input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]
         )  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("provider", ["openai-api", "openai"])
+def test_inspect_ai_runs_an_eval_against_the_policy_server(
+    real: tuple[str, LocalSampler], provider: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from inspect_ai import Task
+    from inspect_ai import eval as inspect_eval
+    from inspect_ai.dataset import Sample as InspectSample
+    from inspect_ai.scorer import includes
+    from inspect_ai.solver import generate
+
+    url, _ = real
+    monkeypatch.setenv("REPRORL_API_KEY", "unused")
+    monkeypatch.setenv("OPENAI_API_KEY", "unused")
+    # Inspect's openai/ provider speaks the Responses API; openai-api/ speaks chat completions.
+    model, args = (
+        (f"openai-api/reprorl/{MODEL}", {})
+        if provider == "openai-api"
+        else (f"openai/{MODEL}", {"responses_api": True})
+    )
+    task = Task(
+        dataset=[InspectSample(input="What is 2+2?", target="4")], solver=generate(), scorer=includes()
+    )
+    (log,) = inspect_eval(
+        task,
+        model=model,
+        model_base_url=url,
+        model_args=args,
+        log_dir=str(tmp_path),
+        display="none",
+        max_tokens=16,
+    )
+    assert log.status == "success", log.error
+    assert log.samples and log.samples[0].output.completion and log.samples[0].output.usage is not None

@@ -120,9 +120,10 @@ def hidden_interpreter_dirs() -> tuple[tuple[str, tuple[str, ...]], ...]:
     0700 home, say): `((top, (dir, ...)), ...)`. Asked once by the zygote, like `scratch_dirs`."""
     wanted = [sys.base_prefix, sys.prefix, sys.exec_prefix, *sys.path]
     found: dict[str, list[str]] = {}
+    scratch = scratch_dirs()
     for path in dict.fromkeys(os.path.realpath(p) for p in wanted if p):
-        if not os.path.isdir(path):
-            continue
+        if not os.path.isdir(path) or any(path == d or path.startswith(d + "/") for d in scratch):
+            continue  # a scratch dir is the sandbox's own empty tmpfs: what lay there is gone anyway
         top = _first_closed_ancestor(path)
         if top is not None:
             found.setdefault(top, []).append(path)
@@ -155,7 +156,10 @@ def _reachable_interpreter(sandbox_dir: str) -> None:
         keep = [*dirs, *([sandbox_dir] if sandbox_dir.startswith(top + "/") else [])]
         fds = [os.open(d, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for d in keep]
         try:
-            _mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, "size=65536,nr_inodes=256,mode=0711")
+            try:
+                _mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, "size=65536,nr_inodes=256,mode=0711")
+            except OSError:
+                continue  # not permitted here: the view stays as it was, the preloaded modules serve
             for path, fd in zip(keep, fds, strict=True):
                 if path == sandbox_dir:
                     _recreate(path, fd)

@@ -135,6 +135,20 @@ def test_a_streamed_tool_call_assembles_to_the_same_call(calling: Behind) -> Non
     assert len(exchange.turns) == 1
 
 
+def test_streamed_text_is_the_recorded_reply_with_usage(real: Behind) -> None:
+    exchange = real.open()
+    stream = real.client(exchange).chat.completions.create(
+        model="policy", messages=ASK, stream=True, stream_options={"include_usage": True}
+    )
+    text, usage = "", None
+    for chunk in stream:
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+    (turn,) = exchange.turns
+    assert text == turn.text and usage is not None and usage.completion_tokens == len(turn.token_ids)
+
+
 def test_the_responses_api_returns_a_function_call_item(calling: Behind) -> None:
     exchange = calling.open()
     tools = [{"type": "function", **TOOLS[0]["function"]}]

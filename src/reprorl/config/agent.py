@@ -53,7 +53,10 @@ class AgentSpec(SpecModel):
         "far more than they use.",
     )
     output_chars: int = Field(
-        default=4000, ge=0, le=1 << 20, description="Characters of the agent's stdout and stderr kept."
+        default=4000,
+        ge=0,
+        le=1 << 18,
+        description="Characters kept of the agent's stdout, of its stderr and of what it returns.",
     )
 
     @model_validator(mode="after")

@@ -244,6 +244,13 @@ class RolloutRunner:
         self.policy_for: PolicyFactory | None = None
 
     @property
+    def sandboxes(self) -> SandboxPool:
+        """The sandbox pool of the open runner (its limits are the ones episodes get)."""
+        if self._sandboxes is None:
+            raise RuntimeError("the runner is not open")
+        return self._sandboxes
+
+    @property
     def verifiers(self) -> VerifierRunner:
         """The verifier pool of the open runner (its time limit is the one verifier calls get)."""
         if self._verifiers is None:

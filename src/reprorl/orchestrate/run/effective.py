@@ -85,6 +85,7 @@ LABELS: dict[str, str] = {
     "data.owner": "who answers for the data section; shown by `runs diff`, read by no component",
     "learning.owner": "who answers for the learning section; shown by `runs diff`, read by no component",
     "evaluation.owner": "who answers for the evaluation section; shown by `runs diff`, read by no component",
+    "agent.owner": "who answers for the agent section; shown by `runs diff`, read by no component",
 }
 # Fields given as artifact references: the component holds the content hash they are pinned to.
 REFERENCES = ("model.base", "model.init_adapter", "model.chat_template", "data.train")
@@ -227,6 +228,23 @@ def _budget(loop: TrainLoop, runner: RolloutRunner) -> dict[str, Any]:
     }
 
 
+def _agent(runner: RolloutRunner) -> dict[str, Any]:
+    """The agent program as the runner resolved it and the limits its sandboxes were opened with."""
+    program = runner.agent
+    if program is None:
+        return {}  # an unset section is no field (see `RunSpec`'s dump)
+    limits = runner.sandboxes.limits
+    launch = program.kwargs(base_url="", api_key="", model="", task={})
+    return {
+        "agent.callable": launch.get("ref"),
+        "agent.command": launch.get("argv"),
+        "agent.path": list(program.spec.path),
+        "agent.cpu_s": limits.cpu_s,
+        "agent.memory_bytes": limits.memory_bytes,
+        "agent.output_chars": launch["output_chars"],
+    }
+
+
 def effective_config(loop: TrainLoop, runner: RolloutRunner) -> dict[str, Any]:
     """Every configured field, as the component that consumes it holds it (see the module docstring)."""
     return {
@@ -236,6 +254,7 @@ def effective_config(loop: TrainLoop, runner: RolloutRunner) -> dict[str, Any]:
         **_learning(loop, runner),
         **_evaluation(loop),
         **_budget(loop, runner),
+        **_agent(runner),
     }
 
 

@@ -222,6 +222,44 @@ class ToolResult(Record):
     )
 
 
+def _real_logprobs(logprobs: tuple[float, ...]) -> tuple[float, ...]:
+    if any(lp != lp or lp > 0.0 for lp in logprobs):
+        raise ValueError("logprobs must be real numbers <= 0")
+    return logprobs
+
+
+def sample_key(rollout_id: str, turn: int, choice: int = 0) -> str:
+    """The key one sampled row goes by, in its batch and in replay: `<rollout_id>/<turn>`, and
+    `<rollout_id>/<turn>.<choice>` for the other choices of a request that asked for several."""
+    return f"{rollout_id}/{turn}" + (f".{choice}" if choice else "")
+
+
+def parse_sample_key(key: str) -> tuple[str, int, int]:
+    """`sample_key`'s parts: the rollout id, the turn index and the choice."""
+    rollout_id, _, row = key.rpartition("/")
+    turn, _, choice = row.partition(".")
+    return rollout_id, int(turn), int(choice or 0)
+
+
+class Alternative(Record):
+    """Another of the choices sampled for one turn (an agent's request with `n` > 1), which the
+    episode did not continue with: kept so the batch it was sampled in replays, never trained on."""
+
+    choice: int = Field(ge=0, description="Its place among the request's choices (0 is the first).")
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[float, ...] = ()
+    text: str = ""
+    seed: int
+    batch: tuple[str, ...] = ()
+    stop: str | None = None
+    finish_reason: Literal["stop", "length", "tool_call"] = "stop"
+
+    @field_validator("logprobs")
+    @classmethod
+    def _valid_logprobs(cls, logprobs: tuple[float, ...]) -> tuple[float, ...]:
+        return _real_logprobs(logprobs)
+
+
 class Turn(Record):
     """One model turn: the tokens as sampled (never re-rendered) and what the tools returned."""
 
@@ -265,15 +303,36 @@ class Turn(Record):
         "context's tokens (the exact-prefix check); None when not checked.",
     )
     finish_reason: Literal["stop", "length", "tool_call", "error"] = "stop"
+    stop: str | None = Field(
+        default=None,
+        description="The agent's stop string that ended this turn: token_ids end with the token that "
+        "completed it, and what the sampler drew after that was not kept (the agent never saw it).",
+    )
+    choice: int = Field(
+        default=0,
+        ge=0,
+        description="Which of the request's choices the episode continued with (an agent that asked "
+        "for n > 1 and sent back another than the first); its key is `<rollout>/<index>.<choice>`.",
+    )
+    alternatives: tuple[Alternative, ...] = Field(
+        default=(),
+        description="The request's other choices, sampled and returned to the agent, not trained on.",
+    )
     sample_s: float = Field(default=0.0, ge=0.0)
     tool_s: float = Field(default=0.0, ge=0.0)
 
     @field_validator("logprobs")
     @classmethod
     def _valid_logprobs(cls, logprobs: tuple[float, ...]) -> tuple[float, ...]:
-        if any(lp != lp or lp > 0.0 for lp in logprobs):
-            raise ValueError("logprobs must be real numbers <= 0")
-        return logprobs
+        return _real_logprobs(logprobs)
+
+    def sampled_rows(self) -> tuple[Turn | Alternative, ...]:
+        """Every row sampled for this turn: the one the episode continued with, then the others."""
+        return (self, *self.alternatives)
+
+    def row(self, choice: int) -> Turn | Alternative | None:
+        """The sampled row of one of the request's choices, if the record holds it."""
+        return next((r for r in self.sampled_rows() if r.choice == choice), None)
 
 
 class Reward(Record):

@@ -33,12 +33,16 @@ def told(trajectory: Trajectory) -> list[str]:
 def what_the_agent_saw(client: str, trajectory: Trajectory) -> list[str]:
     """What the agent itself reported of the replies (its return value, recorded by the launcher)."""
     returned: Any = trajectory.agent["returned"]
-    if client == "openai_loop:agent":
+    if client.startswith("openai_loop:"):
         return [step["content"] or "" for step in json.loads(returned)]
     return [*told(trajectory)[:-1], returned]  # the frameworks return their final output
 
 
-@pytest.mark.parametrize("client", ["openai_loop:agent", "agents_sdk:agent", "langgraph_agent:agent"])
+# `picky` is the plain `openai` loop asking for n=2 under a stop string and going on from the second
+# choice; its rewards happen not to vary on the tiny model, so its groups give no gradient.
+@pytest.mark.parametrize(
+    "client", ["openai_loop:agent", "agents_sdk:agent", "langgraph_agent:agent", "openai_loop:picky"]
+)
 def test_an_agent_framework_trains_through_the_proxy_and_replays(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], client: str
 ) -> None:
@@ -59,9 +63,9 @@ def test_an_agent_framework_trains_through_the_proxy_and_replays(
     steps = [m for m in metrics if m.get("stage") is None]
     evals = [m for m in metrics if m.get("stage") == "eval"]
     assert [m["step"] for m in steps] == [0, 1]
-    # The rollouts the agent drove were trained on: the weights moved.
-    assert any(m["train/grad_norm"] > 0 for m in steps)
-    assert steps[0]["policy_version"] != evals[-1]["policy_version"]
+    if client != "openai_loop:picky":  # the rollouts the agent drove were trained on: the weights moved
+        assert any(m["train/grad_norm"] > 0 for m in steps)
+        assert steps[0]["policy_version"] != evals[-1]["policy_version"]
 
     rollouts = list(RolloutStore(record).trajectories())
     assert len(rollouts) == 8 + 2 * EVAL_TASKS
@@ -73,10 +77,16 @@ def test_an_agent_framework_trains_through_the_proxy_and_replays(
             # What the agent was told is exactly what the policy sampled, as recorded.
             assert what_the_agent_saw(client, t) == told(t), t.rollout_id
 
+    if client == "openai_loop:picky":
+        firsts = [t.turns[0] for t in rollouts]
+        assert all(f.choice == 1 and [a.choice for a in f.alternatives] == [0] for f in firsts)
+        assert any(turn.stop == "7" for t in rollouts for turn in t.turns)
+
     # `reprorl replay` runs the agent again through a proxy of its own and draws the same tokens.
     chosen = [next(t.rollout_id for t in rollouts if f"/train/{step}/" in t.rollout_id) for step in (0, 1)]
-    code, out, err = cli("replay", *chosen, "--json")
-    assert code == 0, (out, err)
-    reports = json.loads(out)
-    reports = reports if isinstance(reports, list) else [reports]
-    assert [r["identical"] for r in reports] == [True, True] and all(r["mode"] == "live" for r in reports)
+    for mode in ("live", "recorded"):
+        code, out, err = cli("replay", *chosen, "--mode", mode, "--json")
+        assert code == 0, (out, err)
+        reports = json.loads(out)
+        reports = reports if isinstance(reports, list) else [reports]
+        assert [r["identical"] for r in reports] == [True, True] and all(r["mode"] == mode for r in reports)

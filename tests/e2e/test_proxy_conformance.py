@@ -184,10 +184,55 @@ def test_a_rollout_is_reached_by_its_key_alone_and_refuses_other_keys(real: Behi
     assert len(mine.turns) == 1
 
 
-def test_n_above_one_is_refused_naming_the_field(real: Behind) -> None:
+def test_n_choices_are_recorded_and_the_one_sent_back_becomes_the_turn(real: Behind) -> None:
     exchange = real.open()
-    with pytest.raises(openai.BadRequestError, match="n=1"):
-        real.client(exchange).chat.completions.create(model="policy", messages=ASK, n=4)
+    client = real.client(exchange)
+    done = client.chat.completions.create(model="policy", messages=ASK, n=4, logprobs=True)
+    assert [c.index for c in done.choices] == [0, 1, 2, 3]
+    logprobs = [[t.logprob for t in c.logprobs.content] for c in done.choices]  # type: ignore[union-attr]
+    (turn,) = exchange.turns
+    assert turn.choice == 0 and list(turn.logprobs) == logprobs[0]
+    assert [a.choice for a in turn.alternatives] == [1, 2, 3]
+    assert len({turn.seed, *(a.seed for a in turn.alternatives)}) == 4
+    assert [list(a.logprobs) for a in turn.alternatives] == logprobs[1:]
+    assert done.usage is not None and done.usage.completion_tokens == sum(map(len, logprobs))
+    # The agent goes on from choice 2: the turn is now that row, and the history continues it.
+    picked = done.choices[2].message.model_dump(exclude_none=True)
+    client.chat.completions.create(
+        model="policy", messages=[*ASK, picked, {"role": "user", "content": "And 2 * 3?"}]
+    )
+    first, second = exchange.turns
+    assert first.choice == 2 and list(first.logprobs) == logprobs[2] and first.text == picked["content"]
+    assert sorted(a.choice for a in first.alternatives) == [0, 1, 3]
+    assert second.context_reset is False and exchange.divergences == 0
+
+
+def test_n_is_bounded_and_stop_strings_are_checked(real: Behind) -> None:
+    exchange = real.open()
+    with pytest.raises(openai.BadRequestError, match="n must be"):
+        real.client(exchange).chat.completions.create(model="policy", messages=ASK, n=17)
+    with pytest.raises(openai.BadRequestError, match="stop takes"):
+        real.client(exchange).chat.completions.create(model="policy", messages=ASK, stop=["a"] * 5)
+    assert not exchange.turns
+
+
+def test_a_stop_string_cuts_the_reply_and_the_recorded_tokens(calling: Behind) -> None:
+    exchange = calling.open()
+    done = calling.client(exchange).chat.completions.create(
+        model="policy", messages=ASK, tools=TOOLS, stop=["compute"]
+    )
+    choice = done.choices[0]
+    assert (choice.message.content, choice.finish_reason, choice.message.tool_calls) == (
+        "I will ",
+        "stop",
+        None,
+    )
+    (turn,) = exchange.turns
+    tokenizer = calling.renderer.tokenizer
+    whole = tokenizer.encode(Saying.reply, add_special_tokens=False)
+    assert turn.stop == "compute" and turn.text == "I will " and not turn.tool_calls
+    assert list(turn.token_ids) == whole[: len(turn.token_ids)] and len(turn.token_ids) < len(whole)
+    assert "compute" in tokenizer.decode(list(turn.token_ids)) and len(turn.logprobs) == len(turn.token_ids)
 
 
 def test_the_turn_after_the_last_is_refused_and_ends_the_episode(real: Behind) -> None:

@@ -11,9 +11,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from reprorl.openai_api.api_errors import ApiError
 from reprorl.types import Role
 
 MAX_SEED = 2**63 - 1
+MAX_CHOICES = 16  # `n`: samples of one request
+MAX_STOPS, MAX_STOP_CHARS = 4, 64  # OpenAI's limit on `stop`, and a bound on each string
 
 
 class Lenient(BaseModel):
@@ -49,6 +52,18 @@ class SamplingBody(Lenient):
         if self.stop is None:
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def check_choices(self) -> None:
+        """Refuse an `n` or `stop` this API does not honour, naming the field."""
+        if not 1 <= self.n <= MAX_CHOICES:
+            raise ApiError(400, f"n must be from 1 to {MAX_CHOICES}", param="n")
+        stops = self.stop_strings()
+        if len(stops) > MAX_STOPS or any(not s or len(s) > MAX_STOP_CHARS for s in stops):
+            raise ApiError(
+                400,
+                f"stop takes up to {MAX_STOPS} non-empty strings of at most {MAX_STOP_CHARS} characters",
+                param="stop",
+            )
 
 
 class CompletionBody(SamplingBody):

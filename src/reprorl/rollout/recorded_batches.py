@@ -25,7 +25,7 @@ from typing import Any
 from reprorl.hashing import canonical_json, sha256_hex
 from reprorl.policy.sampling import Sample, Sampler, SampleRequest
 from reprorl.rollout.model_policy import Future, Lockstep, PoolRound
-from reprorl.types import Trajectory
+from reprorl.types import Trajectory, sample_key
 
 Row = tuple[SampleRequest, Future]
 
@@ -45,7 +45,11 @@ class RecordedTurn:
 
     batch: tuple[str, ...]
     request: str  # request_digest of its context and seed
-    tokens: str  # tokens_digest of what it sampled
+    tokens: str  # tokens_digest of what it sampled (up to its stop string, where one cut it)
+    kept: int | None = None  # where a stop string cut it: how many of the sampled tokens it kept
+
+    def same_tokens(self, token_ids: tuple[int, ...]) -> bool:
+        return tokens_digest(token_ids if self.kept is None else token_ids[: self.kept]) == self.tokens
 
 
 @dataclass
@@ -90,17 +94,23 @@ def turn_schedule(trajectories: Iterable[Trajectory], run_id: str) -> TurnSchedu
         for turn in t.turns:
             if turn.seed is None:
                 continue
-            key = f"{rollout}/{turn.index}"
-            if not turn.batch:
-                raise ScheduleError(f"turn {key} records no sampling batch (a remote sampler's)")
-            batch = tuple(relative(k, run_id) for k in turn.batch)
-            request = request_digest(t.context_ids(turn.index), turn.seed)
-            turns[key] = RecordedTurn(batch, request, tokens_digest(turn.token_ids))
+            context = t.context_ids(turn.index)
+            # A turn's other choices (an agent's n > 1) were sampled in batches of their own.
+            for row in turn.sampled_rows():
+                key = sample_key(rollout, turn.index, row.choice)
+                if not row.batch:
+                    raise ScheduleError(f"turn {key} records no sampling batch (a remote sampler's)")
+                batch = tuple(relative(k, run_id) for k in row.batch)
+                assert row.seed is not None
+                kept = len(row.token_ids) if row.stop is not None else None
+                turns[key] = RecordedTurn(
+                    batch, request_digest(context, row.seed), tokens_digest(row.token_ids), kept
+                )
     for key, recorded in turns.items():
-        for row in recorded.batch:
-            other = turns.get(row)
+        for name in recorded.batch:
+            other = turns.get(name)
             if other is None or other.batch != recorded.batch:
-                raise ScheduleError(f"turn {key}'s batch names {row}, whose record says otherwise")
+                raise ScheduleError(f"turn {key}'s batch names {name}, whose record says otherwise")
     return TurnSchedule(run_id, turns)
 
 
@@ -152,7 +162,7 @@ class RecordedBatches(Lockstep):
             self._maybe_fire()
             raise
         recorded = self.schedule.turns.get(slot)
-        if recorded is not None and tokens_digest(sample.token_ids) != recorded.tokens:
+        if recorded is not None and not recorded.same_tokens(sample.token_ids):
             self.schedule.diverge(f"{slot}: sampled other tokens than the record's")
         return sample, cpu
 

@@ -45,8 +45,6 @@ from reprorl.serve.batcher import MicroBatcher
 from reprorl.types import SamplingParams
 
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /completions
-MAX_CHOICES = 16  # `n`: samples of one request
-MAX_STOPS, MAX_STOP_CHARS = 4, 64  # OpenAI's limit on `stop`, and a bound on each string
 CHAT_MAX_TOKENS = 256  # SamplingParams' default
 
 
@@ -103,15 +101,7 @@ class PolicyServer:
             raise ApiError(
                 404, f"model {body.model!r} is not served here; this server serves {self.model_name!r}"
             )
-        if not 1 <= body.n <= MAX_CHOICES:
-            raise ApiError(400, f"n must be from 1 to {MAX_CHOICES}", param="n")
-        stops = body.stop_strings()
-        if len(stops) > MAX_STOPS or any(not s or len(s) > MAX_STOP_CHARS for s in stops):
-            raise ApiError(
-                400,
-                f"stop takes up to {MAX_STOPS} non-empty strings of at most {MAX_STOP_CHARS} characters",
-                param="stop",
-            )
+        body.check_choices()
 
     async def sample_choices(
         self, prompt_ids: Sequence[int], body: SamplingBody, max_tokens: int

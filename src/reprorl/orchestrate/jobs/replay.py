@@ -18,7 +18,7 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from reprorl.config import RunSpec
@@ -40,7 +40,7 @@ from reprorl.rollout.judging import judged
 from reprorl.rollout.model_policy import ModelPolicy
 from reprorl.store import RunRecord, Store, find_run
 from reprorl.store.rollout_query import RolloutStore
-from reprorl.types import Task, ToolResult, Trajectory
+from reprorl.types import Task, ToolResult, Trajectory, parse_sample_key, sample_key
 
 Mode = Literal["recorded", "live"]
 
@@ -114,25 +114,30 @@ class _Batches:
             if own is not None and key == own.key:
                 out.append(own)
                 continue
-            rollout_id, _, turn_text = key.rpartition("/")
+            rollout_id, turn, choice = parse_sample_key(key)
             record = self.records.get(rollout_id)
             if record is None:
                 raise RecordError(f"batch row {key!r} has no stored rollout; the batch cannot be rebuilt")
-            turn = int(turn_text)
-            if turn >= len(record.turns) or record.turns[turn].seed is None:
+            row = record.turns[turn].row(choice) if turn < len(record.turns) else None
+            if row is None or row.seed is None:
                 raise RecordError(f"batch row {key!r}: the record has no such sampled turn")
-            out.append(
-                SampleRequest(
-                    key, record.context_ids(turn), record.sampling, int(record.turns[turn].seed or 0)
-                )
-            )
+            out.append(SampleRequest(key, record.context_ids(turn), record.sampling, int(row.seed)))
         return out
 
 
 def _compare_sample(report: ReplayReport, turn: int, recorded: Trajectory, sample: Sample) -> None:
-    expected = recorded.turns[turn]
+    expected = recorded.turns[turn].row(parse_sample_key(sample.key)[2])
+    if expected is None:
+        report.differences.append(Difference("turns", turn, None, None, sample.key))
+        return
     report.turns += 1
     report.tokens += len(sample.token_ids)
+    if expected.stop is not None:  # the agent's stop string cut it: what came after was never kept
+        sample = replace(
+            sample,
+            token_ids=sample.token_ids[: len(expected.token_ids)],
+            logprobs=sample.logprobs[: len(expected.token_ids)],
+        )
     for i, (a, b) in enumerate(zip(expected.token_ids, sample.token_ids, strict=False)):
         if a != b:
             report.differences.append(Difference("token", turn, i, a, b))
@@ -258,9 +263,10 @@ class Replayer:
         batches = _Batches(rollouts, target)
         if mode == "recorded":
             for turn in target.turns:
-                samples = await self._sample(opened_for(turn.index), batches.requests(turn.batch))
-                own = f"{rollout_id}/{turn.index}"
-                _compare_sample(report, turn.index, target, next(s for s in samples if s.key == own))
+                for row in turn.sampled_rows():
+                    samples = await self._sample(opened_for(turn.index), batches.requests(row.batch))
+                    own = sample_key(rollout_id, turn.index, row.choice)
+                    _compare_sample(report, turn.index, target, next(s for s in samples if s.key == own))
             return report
         live = await self._live(spec, target, opened_for, batches, report)
         _compare_live(report, target, live)
@@ -278,8 +284,9 @@ class Replayer:
         family = get_family(task.family)
 
         async def submit(request: SampleRequest) -> tuple[Sample, float]:
-            turn = int(request.key.rpartition("/")[2])
-            keys = target.turns[turn].batch if turn < len(target.turns) else (request.key,)
+            _, turn, choice = parse_sample_key(request.key)
+            row = target.turns[turn].row(choice) if turn < len(target.turns) else None
+            keys = row.batch if row is not None else (request.key,)
             samples = await self._sample(opened_for(turn), batches.requests(keys, own=request))
             sample = next(s for s in samples if s.key == request.key)
             if turn < len(target.turns):

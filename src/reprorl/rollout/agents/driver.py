@@ -119,7 +119,12 @@ class AgentDriver:
         progress.prompt_tokens = exchange.prompt_tokens
         progress.cpu_s = exchange.cpu_s
         self._info.update(
-            {"requests": exchange.requests, "refused": exchange.refused, "divergences": exchange.divergences}
+            {
+                "requests": exchange.requests,
+                "refused": exchange.refused,
+                "divergences": exchange.divergences,
+                "sampled_tokens": exchange.sampled_tokens,
+            }
         )
 
 

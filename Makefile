@@ -3,6 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 1)
 SINKS_STAMP := $(VENV)/.sinks-installed
 
 .PHONY: venv sinks demo test lint format docs clean
@@ -31,7 +32,7 @@ demo: $(STAMP)
 	$(BIN)/reprorl demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=15  # the slowest tests, for whoever keeps CI fast
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15  # the slowest, for whoever keeps CI fast
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

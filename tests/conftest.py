@@ -30,6 +30,17 @@ PG_START_TIMEOUT_S = 30.0
 PG_CMD_TIMEOUT_S = 60.0
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under `pytest -n N` (one worker per core) each worker, and every process it starts, computes
+    on one thread: two workers of two threads each on two cores slow each other down many times."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        os.environ["MKL_NUM_THREADS"] = "1"
+        import torch
+
+        torch.set_num_threads(1)
+
+
 def _find_pg_bin() -> Path | None:
     """The folder holding initdb and pg_ctl: PATH first, then the Debian layout (newest version)."""
     initdb = shutil.which("initdb")

@@ -160,6 +160,14 @@ def test_the_responses_api_returns_a_function_call_item(calling: Behind) -> None
     assert exchange.turns[0].tool_calls[0].name == "calc"
 
 
+def test_the_responses_api_returns_the_recorded_text(real: Behind) -> None:
+    exchange = real.open()
+    response = real.client(exchange).responses.create(model="policy", input="What is 17 * 23?")
+    (turn,) = exchange.turns
+    assert response.output_text == turn.text and response.usage is not None
+    assert response.usage.output_tokens == len(turn.token_ids)
+
+
 def test_top_logprobs_are_the_recorded_logprobs_with_alternatives(real: Behind) -> None:
     exchange = real.open()
     done = real.client(exchange).chat.completions.create(

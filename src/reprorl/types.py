@@ -67,6 +67,7 @@ class Termination(StrEnum):
     INFRA_ERROR = "infra_error"
     UNSAFE_ACTION = "unsafe_action"
     AGENT_ERROR = "agent_error"  # the agent program behind the proxy raised or exited non-zero
+    ENV_DONE = "env_done"  # an external env (an OpenEnv server) said the episode is over
 
 
 class ScoreFailure(StrEnum):
@@ -219,6 +220,12 @@ class ToolResult(Record):
     noise: str | None = Field(
         default=None,
         description="Injected noise that shaped this result (timeout, transient, stale, truncate).",
+    )
+    env_reward: float | None = Field(
+        default=None, description="The reward an external env (an OpenEnv server) reported for this step."
+    )
+    env_done: bool | None = Field(
+        default=None, description="Whether the external env said the episode is over after this step."
     )
 
 

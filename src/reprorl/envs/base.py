@@ -95,6 +95,16 @@ class Env(ABC):
     def final_answer(self) -> str | None:
         """The agent's answer once the episode ended with one."""
 
+    @property
+    def reported(self) -> dict[str, float] | None:
+        """What an external env reported of the episode itself (an OpenEnv server's rewards), which
+        its verifier scores; None for an env whose outcome is read from the final state."""
+        return None
+
+    async def close(self) -> None:
+        """Release what the episode held outside its sandbox (an external env's session); idempotent."""
+        return None
+
 
 class ToolEnv(Env):
     """An env family whose agent acts by calling tools; subclasses declare `family` and `tools`."""
@@ -134,6 +144,17 @@ class ToolEnv(Env):
     def human_reply(self, question: str) -> str:
         """What `ask_human` returns; automated runs have no human, and the call is counted."""
         return "No human is available. Continue on your own."
+
+    async def host_call(
+        self, call_id: str, tool: Tool, arguments: dict[str, Any], started: float
+    ) -> CallOutcome:
+        """A host tool's call (it runs here, not in the sandbox): `ask_human` unless a family says."""
+        if tool.permission == Permission.HUMAN:
+            self.human_calls += 1
+        content = self.human_reply(str(arguments.get("question", "")))
+        return CallOutcome.ok(
+            call_id, tool.name, content, time.perf_counter() - started, self.config.tool_output_chars
+        )
 
     # -- the episode ---------------------------------------------------------------------------
 
@@ -218,12 +239,7 @@ class ToolEnv(Env):
         if injected is not None:
             return CallOutcome.of(call_id, name, injected, time.perf_counter() - started)
         if tool.host:
-            if tool.permission == Permission.HUMAN:
-                self.human_calls += 1
-            content = self.human_reply(str(arguments.get("question", "")))
-            return CallOutcome.ok(
-                call_id, name, content, time.perf_counter() - started, self.config.tool_output_chars
-            )
+            return await self.host_call(call_id, tool, arguments, started)
         assert self._sandbox is not None
         stale = self.noise.stale(tool)
         try:

@@ -33,6 +33,9 @@ class FinalState:
     answer: str | None
     workdir: Path
     termination: Termination
+    reported: dict[str, float] | None = None
+    """What an external env reported of the episode (an OpenEnv server's rewards), taken from the
+    server by reprorl — never from the agent's work directory, which the agent can write."""
 
     def path(self, relative: str) -> Path:
         """A regular file inside the work directory; links and escapes are refused.

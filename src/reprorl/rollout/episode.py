@@ -8,6 +8,7 @@ hangs, a policy server that stops answering. Limits on turns, tokens and wall ti
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -206,7 +207,7 @@ async def run_episode(
             sandbox_info = sandbox.info()
             if progress.termination not in NOT_SCORED:
                 termination = progress.termination or Termination.INFRA_ERROR
-                state = FinalState(env.final_answer, sandbox.workdir, termination)
+                state = FinalState(env.final_answer, sandbox.workdir, termination, env.reported)
                 components, failure = await verifiers.score(verifier, task, state)
                 if failure is not None:
                     progress.error, progress.score_failure = failure.message, failure.kind
@@ -229,6 +230,9 @@ async def run_episode(
     except Exception as exc:  # the platform failed (sandbox could not start, policy server down)
         progress.termination = Termination.INFRA_ERROR
         progress.error = f"{type(exc).__name__}: {str(exc)[:500]}"
+    finally:
+        with contextlib.suppress(Exception):  # an external env's session ends with its episode
+            await env.close()
     return Trajectory(
         run_id=ids.run_id,
         rollout_id=ids.rollout_id,

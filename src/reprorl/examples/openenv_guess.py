@@ -26,6 +26,7 @@ from pydantic import Field
 
 HIGH = 100
 MAX_GUESSES = 8
+SERVE_ON = ("--host", "127.0.0.1", "--port", "{port}")  # reprorl puts the port it picked in
 
 
 class GuessAction(Action):
@@ -65,9 +66,7 @@ class GuessEnvironment(Environment):
         self._state = State(episode_id=episode_id, step_count=0)
         return GuessObservation(hint="", guesses_left=self._left, done=False, reward=0.0)
 
-    def step(
-        self, action: GuessAction, timeout_s: float | None = None, **kwargs: Any
-    ) -> GuessObservation:
+    def step(self, action: GuessAction, timeout_s: float | None = None, **kwargs: Any) -> GuessObservation:
         self._state.step_count += 1
         self._left -= 1
         if action.guess == self._secret:
@@ -80,9 +79,7 @@ class GuessEnvironment(Environment):
         return self._state
 
 
-app = create_app(
-    GuessEnvironment, GuessAction, GuessObservation, env_name="guess", max_concurrent_envs=64
-)
+app = create_app(GuessEnvironment, GuessAction, GuessObservation, env_name="guess", max_concurrent_envs=64)
 
 
 def oracle(task: Any, messages: Sequence[Any]) -> str:
@@ -94,7 +91,7 @@ def oracle(task: Any, messages: Sequence[Any]) -> str:
         role = getattr(message, "role", None)
         if role == "assistant":
             calls = parse_action(message.content).tool_calls
-            last = int(calls[0].arguments["guess"]) if calls else None
+            last = int(str(calls[0].arguments["guess"])) if calls else None
         elif role == "tool" and last is not None:
             hint = json.loads(message.content).get("hint", "")
             if hint == "correct":
@@ -113,7 +110,7 @@ def _family() -> Any:
     from reprorl.rollout.external_families import OpenEnvServerSpec, openenv_family
 
     server = OpenEnvServerSpec(
-        command=(sys.executable, "-m", "uvicorn", f"{__name__}:app", "--host", "127.0.0.1", "--port", "{port}"),
+        command=(*(sys.executable, "-m", "uvicorn", f"{__name__}:app"), *SERVE_ON),
         package="reprorl",
         name="guess",
     )

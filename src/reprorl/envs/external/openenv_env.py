@@ -14,6 +14,7 @@ the episode ends, however it ends, so no half-open session holds the server's ca
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import time
@@ -51,7 +52,7 @@ class _Client(GenericEnvClient):
             if code in INVALID_CODES:
                 raise _RefusedStep(f"{code}: {text}")
             raise ExternalEnvError(f"the server answered {code}: {text}")
-        return response
+        return dict(response)
 
 
 class OpenEnvEnv(ToolEnv):
@@ -144,10 +145,9 @@ class OpenEnvEnv(ToolEnv):
     async def close(self) -> None:
         client, self._client = self._client, None
         if client is not None:
-            try:
+            # A server that is gone or stuck takes its end of the session with it.
+            with contextlib.suppress(TimeoutError, OSError):
                 await asyncio.wait_for(client.disconnect(), timeout=self.server.spec.connect_timeout_s)
-            except (TimeoutError, OSError):
-                pass  # the server is gone or stuck: its end of the session goes with it
 
     async def _call_server(self, call: Any) -> OpenEnvStep[dict[str, Any]]:
         try:
@@ -171,8 +171,8 @@ def openenv_env(family: str, server: OpenEnvServer, *, tool: str, instruction: s
     """The env class of one OpenEnv-backed family (`instruction` describes its tool when the server's
     action schema has no description)."""
     attributes = {"family": family, "server": server, "tool_name": tool, "instruction": instruction}
-    made = type(f"OpenEnv_{family.replace('-', '_')}", (OpenEnvEnv,), attributes)
-    made.tools = _LazyTools()  # type: ignore[assignment]
+    made: type[OpenEnvEnv] = type(f"OpenEnv_{family.replace('-', '_')}", (OpenEnvEnv,), attributes)
+    made.tools = _LazyTools()  # type: ignore[assignment]  # asked of the server when first needed
     return made
 
 

@@ -1,4 +1,4 @@
-"""An OpenEnv server as a run uses it: started on 127.0.0.1 (or reached at a given URL), identified, restarted.
+"""An OpenEnv server as a run uses it: started on 127.0.0.1 (or reached at a URL), identified, restarted.
 
 reprorl starts the server's command itself, on a free port of 127.0.0.1, the first time an episode
 needs it, and waits for `/health`; a server that died is started again by the next episode that

@@ -1,10 +1,11 @@
 """reprorl: reinforcement learning for tool-using LLM agents, traceable to the conditions of every result.
 
 What users write and call is re-exported here, for three stories: write an env family (`family`,
-`ToolEnv`, `tool`, `Verifier`, `register_verifier`, ...), write a loss or a judge (`register_loss`,
-`LossConfig`, `TokenBatch`, `register_judge`, ...), and run a spec (`load_spec`, `Store`,
-`train_run`, `AgentSpec` for an agent program behind the proxy, ...). Everything else is
-internal: submodules are layers (see docs/architecture.md) and may change between versions.
+`ToolEnv`, `tool`, `Verifier`, `register_verifier`, `openenv_family` over an OpenEnv server, ...),
+write a loss or a judge (`register_loss`, `LossConfig`, `TokenBatch`, `register_judge`, ...), and
+run a spec (`load_spec`, `Store`, `train_run`, `AgentSpec` for an agent program behind the proxy,
+...). Everything else is internal: submodules are layers (see docs/architecture.md) and may change
+between versions.
 """
 
 import os
@@ -28,7 +29,8 @@ from reprorl.errors import UserInputError
 from reprorl.rewards import FinalState, Verifier, VerifierRunner
 from reprorl.rewards.registered import register_verifier
 from reprorl.rollout import EpisodeIds, Family, ScriptedPolicy, run_episode
-from reprorl.rollout.families import family
+from reprorl.rollout.external_families import OpenEnvServerSpec, openenv_family
+from reprorl.rollout.families import family, register_family
 from reprorl.store import Store, find_run
 from reprorl.types import Message, Permission, Role, Split, Task, TaskSet, Trajectory
 
@@ -87,6 +89,10 @@ __all__ = [  # noqa: RUF022 -- grouped by the story each name serves
     "UnsafeAction",
     "Verifier",
     "family",
+    "register_family",
+    # An environment another program serves (docs/openenv.md).
+    "OpenEnvServerSpec",
+    "openenv_family",
     "generate_splits",
     "register_verifier",
     "render_call",

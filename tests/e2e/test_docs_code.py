@@ -44,6 +44,7 @@ RUNNERS: dict[str, Any] = {
     "with HttpSampler(base_url": "test_the_http_sampler_block_samples_from_a_served_policy",
     "@register_judge(PassFailConfig)": "test_the_judge_kind_block_is_selected_by_kind",
     "def calculate(expression):": "test_the_agent_block_trains_through_the_proxy_and_replays",
+    "def binary_search(task, messages):": "test_the_openenv_block_registers_a_family_the_audit_passes",
 }
 
 
@@ -180,3 +181,23 @@ def test_the_agent_block_trains_through_the_proxy_and_replays(
     chosen = next(t.rollout_id for t in rollouts if "/train/1/" in t.rollout_id)
     code, out, err = cli("replay", chosen, "--json")
     assert code == 0 and json.loads(out)["identical"], (out, err)
+
+
+def test_the_openenv_block_registers_a_family_the_audit_passes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from reprorl.rollout.external_families import served
+    from reprorl.rollout.families import FAMILIES
+
+    exec(compile(block_with("def binary_search(task, messages):"), "docs/openenv.md", "exec"), {})
+    try:
+        cli = Cli(tmp_path / "home", capsys)
+        code, out, err = cli("rewards", "audit", "my-guess", "--tasks", "3", "--json")
+        assert code == 0, (out, err)
+        (audit,) = json.loads(out)["verifiers"]
+        assert audit["passed"], audit
+    finally:
+        server = served(FAMILIES["my-guess"])
+        assert server is not None and server.starts == 1
+        server.kill()
+        FAMILIES.remove("my-guess")

@@ -109,6 +109,10 @@ def test_the_tiny_model_trains_on_it_and_its_rollouts_replay(
     assert code == 0, (out, err)
     reports = json.loads(out)
     assert len(reports) == 10 and all(r["identical"] for r in reports)
+    # Live, the server runs each episode again: the same observations, rewards and tokens.
+    code, out, err = cli("replay", "--run", run_id, "--random", "2", "--seed", "1", "--json")
+    assert code == 0, (out, err)
+    assert [r["identical"] and r["mode"] == "live" for r in json.loads(out)] == [True, True]
 
 
 @pytest.fixture

@@ -244,7 +244,7 @@ class ToolEnv(Env):
         stale = self.noise.stale(tool)
         try:
             result = await self._sandbox.call(
-                tool.fn_ref, arguments, timeout_s=tool.timeout_s, use_snapshot=stale
+                tool.fn_ref, tool.call_args(arguments), timeout_s=tool.timeout_s, use_snapshot=stale
             )
         except SandboxError as exc:  # the platform failed, not the agent or the tool
             detail = f"{type(exc).__name__}: {exc}"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +40,9 @@ class Tool:
     host: bool = False
     """Runs in the orchestrator instead of the sandbox (only for tools that touch no state)."""
     source_hash: str = ""
+    bound: Mapping[str, Any] | None = field(default=None, compare=False)
+    """Fixed arguments of `fn_ref` (an MCP tool's server and name): the sandbox calls it with these
+    and the agent's arguments as `arguments`, instead of with the agent's arguments alone."""
     fn: ToolFunction | None = field(default=None, repr=False, compare=False)
     _validator: Any = field(default=None, repr=False, compare=False)
 
@@ -49,17 +52,22 @@ class Tool:
 
     @functools.cached_property
     def version(self) -> str:
-        return content_hash(
-            {
-                "name": self.name,
-                "description": self.description,
-                "parameters": self.parameters,
-                "permission": self.permission.value,
-                "timeout_s": self.timeout_s,
-                "host": self.host,
-                "source": self.source_hash,
-            }
-        )
+        described: dict[str, Any] = {
+            "name": self.name,
+            "description": self.description,
+            "parameters": self.parameters,
+            "permission": self.permission.value,
+            "timeout_s": self.timeout_s,
+            "host": self.host,
+            "source": self.source_hash,
+        }
+        if self.bound is not None:  # absent otherwise, so other tools keep their versions
+            described["bound"] = dict(self.bound)
+        return content_hash(described)
+
+    def call_args(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """What the sandbox calls `fn_ref` with for the agent's `arguments`."""
+        return arguments if self.bound is None else {**self.bound, "arguments": arguments}
 
     def openai_schema(self) -> JsonSchema:
         """The tool as an OpenAI `tools` entry."""

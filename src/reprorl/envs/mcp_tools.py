@@ -1,0 +1,132 @@
+"""Tools an MCP server serves, as reprorl tools: listed once in a sandbox, each call run in the episode's.
+
+`mcp_tools(MCPServerSpec(command=...))` starts the stdio server in a throwaway sandbox, asks it
+`tools/list`, and returns one `Tool` per tool it lists (name, description and input schema as the
+server gives them). A family puts them among its `tools` and `"reprorl.envs.mcp_bridge"` among its
+tool modules; each call then runs `reprorl.envs.mcp_bridge:call_tool` in the episode's sandbox,
+where the server is started on first use, confined as the sandbox is (no network, the episode's
+files only) and kept for the episode. A tool's version hashes its schema, the server's command, the
+name and version it gives in `initialize`, and its package's version: a changed server is a changed
+tool. Errors are classified as any tool's: the server's refusal of the arguments is the agent's
+`bad_arguments`; a tool error (`isError`), a crash or a hang is the tool's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import json
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from reprorl.envs.sandbox import SandboxPool
+from reprorl.envs.tool import Tool
+from reprorl.errors import UserInputError
+from reprorl.hashing import content_hash
+from reprorl.types import Permission
+
+BRIDGE = "reprorl.envs.mcp_bridge"
+
+
+@dataclass(frozen=True)
+class MCPServerSpec:
+    """An MCP stdio server: the command the sandbox runs (`{python}` is reprorl's interpreter)."""
+
+    command: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)  # the server's environment (PYTHONPATH, ...)
+    package: str | None = None  # the Python package that ships the server, whose version is recorded
+    timeout_s: float = 30.0  # each call (and the server's start, on its first)
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise UserInputError("an MCP server needs a command (the argv that starts it on stdio)")
+
+
+def mcp_tools(
+    server: MCPServerSpec,
+    *,
+    permission: Permission = Permission.WRITE,
+    prefix: str = "",
+    only: tuple[str, ...] = (),
+) -> tuple[Tool, ...]:
+    """The server's tools (those named in `only`, when given), each a reprorl `Tool` (`prefix` added
+    to its name). Lists them in a sandbox of its own; blocks until it has."""
+    listing = _listed(server)
+    identity = {
+        "command": list(server.command),
+        "env": dict(sorted(server.env.items())),
+        "package": server.package,
+        "package_version": _version_of(server.package),
+        "server": listing.get("server") or {},
+    }
+    tools = []
+    for entry in listing.get("tools") or []:
+        name = str(entry.get("name", ""))
+        if only and name not in only:
+            continue
+        schema = entry.get("inputSchema") or {"type": "object", "properties": {}}
+        tools.append(
+            Tool(
+                name=f"{prefix}{name}",
+                description=str(entry.get("description") or name),
+                parameters=schema,
+                permission=permission,
+                fn_ref=f"{BRIDGE}:call_tool",
+                timeout_s=server.timeout_s + 5.0,  # the bridge's own limit ends a hung call first
+                source_hash=content_hash({**identity, "tool": entry}),
+                bound={
+                    "server": list(server.command),
+                    "tool": name,
+                    "env": dict(server.env),
+                    "timeout_s": server.timeout_s,
+                },
+            )
+        )
+    missing = sorted(set(only) - {t.name[len(prefix) :] for t in tools})
+    if missing:
+        raise UserInputError(f"the MCP server {list(server.command)} lists no tool {missing}")
+    return tuple(tools)
+
+
+def _listed(server: MCPServerSpec) -> dict[str, Any]:
+    """`tools/list` run in a sandbox, on a thread of its own (the caller may be in an event loop)."""
+    found: list[dict[str, Any]] = []
+    failed: list[BaseException] = []
+
+    async def ask() -> None:
+        async with SandboxPool([BRIDGE]) as pool, pool.open() as sandbox:
+            result = await sandbox.call(
+                f"{BRIDGE}:list_tools",
+                {"server": list(server.command), "env": dict(server.env), "timeout_s": server.timeout_s},
+                timeout_s=server.timeout_s + 10.0,
+            )
+        if not result.ok:
+            raise UserInputError(
+                f"the MCP server {list(server.command)} could not list its tools: "
+                f"{result.error_type}: {result.error}"
+            )
+        found.append(json.loads(result.value))
+
+    def run() -> None:
+        try:
+            asyncio.run(ask())
+        except BaseException as exc:
+            failed.append(exc)
+
+    worker = threading.Thread(target=run, name="mcp-tools-list")
+    worker.start()
+    worker.join()
+    if failed:
+        raise failed[0]
+    return found[0]
+
+
+def _version_of(package: str | None) -> str | None:
+    if package is None:
+        return None
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None

@@ -23,6 +23,7 @@ from reprorl.config.judge import JudgeConfig
 from reprorl.config.loss import LossConfig
 from reprorl.envs import ToolEnv, generate_splits, tool, workspace_path
 from reprorl.envs.errors import InvalidArguments, OutsideSandbox, UnsafeAction
+from reprorl.envs.mcp_tools import MCPServerSpec, mcp_tools
 from reprorl.envs.sandbox import SandboxPool
 from reprorl.envs.sandbox.context import ToolContext
 from reprorl.errors import UserInputError
@@ -90,9 +91,11 @@ __all__ = [  # noqa: RUF022 -- grouped by the story each name serves
     "Verifier",
     "family",
     "register_family",
-    # An environment another program serves (docs/openenv.md).
+    # An environment or tools another program serves (docs/openenv.md, docs/mcp.md).
     "OpenEnvServerSpec",
     "openenv_family",
+    "MCPServerSpec",
+    "mcp_tools",
     "generate_splits",
     "register_verifier",
     "render_call",

@@ -45,6 +45,7 @@ RUNNERS: dict[str, Any] = {
     "@register_judge(PassFailConfig)": "test_the_judge_kind_block_is_selected_by_kind",
     "def calculate(expression):": "test_the_agent_block_trains_through_the_proxy_and_replays",
     "def binary_search(task, messages):": "test_the_openenv_block_registers_a_family_the_audit_passes",
+    "NOTEBOOK = MCPServerSpec(": "test_the_mcp_block_makes_a_family_whose_oracle_solves_it",
 }
 
 
@@ -201,3 +202,39 @@ def test_the_openenv_block_registers_a_family_the_audit_passes(
         assert server is not None and server.starts == 1
         server.kill()
         FAMILIES.remove("my-guess")
+
+
+def test_the_mcp_block_makes_a_family_whose_oracle_solves_it() -> None:
+    from reprorl.envs.base import EnvConfig
+    from reprorl.envs.sandbox import SandboxPool
+    from reprorl.rewards import VerifierRunner
+    from reprorl.rollout.episode import EpisodeIds, ScriptedPolicy, run_episode
+    from reprorl.rollout.families import FAMILIES, get_family
+    from reprorl.types import Split
+
+    exec(compile(block_with("NOTEBOOK = MCPServerSpec("), "docs/mcp.md", "exec"), {})
+    try:
+        notes = get_family("notes")
+        tasks = notes.generate(0, train=2, eval=0)[Split.TRAIN].tasks
+
+        async def run() -> list[Any]:
+            async with SandboxPool(notes.tool_modules) as pool, VerifierRunner() as verifiers:
+                return [
+                    await run_episode(
+                        notes.env(EnvConfig(), seed=0),
+                        task,
+                        ScriptedPolicy(task, notes.oracle),
+                        verifier=notes.verifier,
+                        sandboxes=pool,
+                        verifiers=verifiers,
+                        ids=EpisodeIds("run", f"run/train/0/{task.id}/0", "g", 1),
+                    )
+                    for task in tasks
+                ]
+
+        for trajectory, task in zip(asyncio.run(run()), tasks, strict=True):
+            assert trajectory.reward is not None and trajectory.reward.components["outcome"] == 1.0
+            calls = [r.name for turn in trajectory.turns for r in turn.tool_results]
+            assert calls == ["note"] * int(str(task.reference)) + ["count"]
+    finally:
+        FAMILIES.remove("notes")

@@ -28,7 +28,7 @@ from reprorl.store import Store
 from reprorl.types import Message, Role, Split, Task, TaskSet, ToolOutcome, Trajectory
 
 SERVER = MCPServerSpec(
-    command=("{python}", str(Path(__file__).resolve().parents[1] / "envs" / "mcp_notes.py")), package="mcp"
+    command=("{python}", str(Path(__file__).resolve().parents[1] / "envs" / "mcp_probes.py")), package="mcp"
 )
 SECRET = "the-reference-is-4242"
 

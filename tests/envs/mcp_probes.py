@@ -1,4 +1,4 @@
-"""An MCP stdio server written with the `mcp` package's own server API, for the MCP tools tests.
+"""An MCP stdio server (the `mcp` package's own server API) of probes, for the MCP tools tests.
 
 `add` computes, `note`/`notes` keep state in the server's memory (one server serves a whole
 episode), `fetch` tries the network, `read` tries a path, `env` shows the server's environment.

@@ -5,8 +5,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 1)
 SINKS_STAMP := $(VENV)/.sinks-installed
+# verifiers pins an openai and an mcp the dev extras cannot have beside them: its adapter's tests
+# run in a venv of their own.
+VF_VENV := .venv-verifiers
+VF_STAMP := $(VF_VENV)/.installed
 
-.PHONY: venv sinks demo test lint format docs clean
+.PHONY: venv sinks demo test test-verifiers lint format docs clean
 
 venv: $(STAMP)
 
@@ -28,6 +32,17 @@ $(SINKS_STAMP): $(STAMP)
 	$(BIN)/pip install -q -e '.[sinks]' 'tensorboard>=2.16,<3'
 	touch $(SINKS_STAMP)
 
+$(VF_STAMP): pyproject.toml
+	test -x $(VF_VENV)/bin/python || $(PY) -m venv $(VF_VENV)
+	$(VF_VENV)/bin/pip install -q --upgrade pip
+	$(VF_VENV)/bin/pip install -q torch==2.13.0
+	$(VF_VENV)/bin/pip install -q -e '.[verifiers]' 'pytest>=8'
+	touch $(VF_STAMP)
+
+# The verifiers adapter (docs/verifiers.md); REPRORL_REQUIRE_VERIFIERS makes a missing package fail.
+test-verifiers: $(VF_STAMP)
+	REPRORL_REQUIRE_VERIFIERS=1 $(VF_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/verifiers_adapter
+
 demo: $(STAMP)
 	$(BIN)/reprorl demo
 
@@ -48,4 +63,4 @@ docs: $(STAMP)
 	$(BIN)/python -m reprorl.config.reference docs/spec.md
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VF_VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -30,7 +30,7 @@ from reprorl.errors import UserInputError
 from reprorl.rewards import FinalState, Verifier, VerifierRunner
 from reprorl.rewards.registered import register_verifier
 from reprorl.rollout import EpisodeIds, Family, ScriptedPolicy, run_episode
-from reprorl.rollout.external_families import OpenEnvServerSpec, openenv_family
+from reprorl.rollout.external_families import OpenEnvServerSpec, openenv_family, verifiers_family
 from reprorl.rollout.families import family, register_family
 from reprorl.store import Store, find_run
 from reprorl.types import Message, Permission, Role, Split, Task, TaskSet, Trajectory
@@ -91,11 +91,12 @@ __all__ = [  # noqa: RUF022 -- grouped by the story each name serves
     "Verifier",
     "family",
     "register_family",
-    # An environment or tools another program serves (docs/openenv.md, docs/mcp.md).
+    # An environment, tools or tasks written for another framework (docs/openenv.md, mcp.md, verifiers.md).
     "OpenEnvServerSpec",
     "openenv_family",
     "MCPServerSpec",
     "mcp_tools",
+    "verifiers_family",
     "generate_splits",
     "register_verifier",
     "render_call",

@@ -46,6 +46,8 @@ RUNNERS: dict[str, Any] = {
     "def calculate(expression):": "test_the_agent_block_trains_through_the_proxy_and_replays",
     "def binary_search(task, messages):": "test_the_openenv_block_registers_a_family_the_audit_passes",
     "NOTEBOOK = MCPServerSpec(": "test_the_mcp_block_makes_a_family_whose_oracle_solves_it",
+    # Run as written by `make test-verifiers` (verifiers needs a venv of its own).
+    "class SumTaskset(": "test_the_verifiers_block_is_the_taskset_the_verifiers_adapter_tests_use",
 }
 
 
@@ -238,3 +240,11 @@ def test_the_mcp_block_makes_a_family_whose_oracle_solves_it() -> None:
             assert calls == ["note"] * int(str(task.reference)) + ["count"]
     finally:
         FAMILIES.remove("notes")
+
+
+def test_the_verifiers_block_is_the_taskset_the_verifiers_adapter_tests_use() -> None:
+    adapter_tests = ROOT / "tests" / "verifiers_adapter" / "test_verifiers_family.py"
+    source = adapter_tests.read_text()
+    assert '"class SumTaskset(" in c' in source and '"docs" / "verifiers.md"' in source
+    assert "make test-verifiers" in (ROOT / ".ci" / "run").read_text()
+    compile(block_with("class SumTaskset("), "docs/verifiers.md", "exec")  # it parses here too

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from reprorl.hashing import code_fingerprint, content_hash
-from reprorl.types import Reward, Task, Termination
+from reprorl.types import Message, Reward, Task, Termination
 
 MAX_READ_BYTES = 16 << 20
 
@@ -36,6 +36,9 @@ class FinalState:
     reported: dict[str, float] | None = None
     """What an external env reported of the episode (an OpenEnv server's rewards), taken from the
     server by reprorl — never from the agent's work directory, which the agent can write."""
+    transcript: tuple[Message, ...] = ()
+    """The conversation as recorded: the task's prompt, then each turn's reply and tool results
+    (for verifiers that judge the whole episode, a verifiers taskset's rewards among them)."""
 
     def path(self, relative: str) -> Path:
         """A regular file inside the work directory; links and escapes are refused.

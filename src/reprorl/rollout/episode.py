@@ -207,7 +207,13 @@ async def run_episode(
             sandbox_info = sandbox.info()
             if progress.termination not in NOT_SCORED:
                 termination = progress.termination or Termination.INFRA_ERROR
-                state = FinalState(env.final_answer, sandbox.workdir, termination, env.reported)
+                state = FinalState(
+                    env.final_answer,
+                    sandbox.workdir,
+                    termination,
+                    env.reported,
+                    transcript(task, progress.turns),
+                )
                 components, failure = await verifiers.score(verifier, task, state)
                 if failure is not None:
                     progress.error, progress.score_failure = failure.message, failure.kind
@@ -266,6 +272,23 @@ async def run_episode(
 
 
 CROSS = "cross/"
+
+
+def transcript(task: Task, turns: Sequence[Turn]) -> tuple[Message, ...]:
+    """The episode's conversation from its record: the prompt, each reply, each tool result."""
+    messages = list(task.prompt)
+    for turn in turns:
+        messages.append(Message(role=Role.ASSISTANT, content=turn.text))
+        for result in turn.tool_results:
+            content = (
+                result.content if result.error is None else f"error ({result.outcome.value}): {result.error}"
+            )
+            messages.append(
+                Message(
+                    role=Role.TOOL, content=content, tool_call_id=result.call_id, name=result.name or None
+                )
+            )
+    return tuple(messages)
 
 
 def scored_by(verifier: Verifier, cross: Sequence[Verifier] = ()) -> str:

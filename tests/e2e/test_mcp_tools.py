@@ -8,8 +8,13 @@ network nor read the store that holds the task's reference; its errors are class
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import socket
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -25,7 +30,7 @@ from reprorl.rewards import VerifierRunner
 from reprorl.rewards.verifiers.numeric import NumericAnswer
 from reprorl.rollout.episode import EpisodeIds, EpisodeLimits, ScriptedPolicy, run_episode
 from reprorl.store import Store
-from reprorl.types import Message, Role, Split, Task, TaskSet, ToolOutcome, Trajectory
+from reprorl.types import Message, Permission, Role, Split, Task, TaskSet, ToolOutcome, Trajectory
 
 SERVER = MCPServerSpec(
     command=("{python}", str(Path(__file__).resolve().parents[1] / "envs" / "mcp_probes.py")), package="mcp"
@@ -58,7 +63,12 @@ def host_page() -> Iterator[str]:
         server.shutdown()
 
 
-def episode(env_class: type[ToolEnv], calls: Sequence[tuple[str, dict[str, Any]]], answer: str) -> Trajectory:
+def episode(
+    env_class: type[ToolEnv],
+    calls: Sequence[tuple[str, dict[str, Any]]],
+    answer: str,
+    config: EnvConfig | None = None,
+) -> Trajectory:
     task = Task(
         id="notes-0",
         family="mcp-notes",
@@ -73,7 +83,7 @@ def episode(env_class: type[ToolEnv], calls: Sequence[tuple[str, dict[str, Any]]
     async def run() -> Trajectory:
         async with SandboxPool(["reprorl.envs.mcp_bridge"]) as pool, VerifierRunner() as verifiers:
             return await run_episode(
-                env_class(EnvConfig(), seed=0),
+                env_class(config or EnvConfig(), seed=0),
                 task,
                 ScriptedPolicy(task, act),
                 verifier=NumericAnswer(),
@@ -155,3 +165,47 @@ def test_its_errors_are_classified(env_class: type[ToolEnv]) -> None:
     assert failed.outcome is ToolOutcome.TOOL_EXCEPTION and "tool fail" in (failed.error or "")
     assert refused.outcome is ToolOutcome.BAD_ARGUMENTS  # the schema, before the server sees it
     assert unknown.outcome is ToolOutcome.UNKNOWN_TOOL
+
+
+@pytest.fixture
+def http_server() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    script = Path(__file__).resolve().parents[1] / "envs" / "mcp_probes.py"
+    process = subprocess.Popen([sys.executable, str(script), "--http", str(port)], stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/mcp", process
+    finally:
+        process.kill()
+        process.wait(10)
+
+
+NETWORK = EnvConfig(allowed=frozenset({Permission.READ, Permission.WRITE, Permission.NETWORK}))
+
+
+def test_a_servers_tools_at_a_url_are_host_tools_that_need_the_network_permission(
+    http_server: tuple[str, subprocess.Popen[bytes]],
+) -> None:
+    url, process = http_server
+    tools = mcp_tools(MCPServerSpec(url=url, timeout_s=10), only=("add", "note", "notes"))
+    assert all(t.host and t.permission is Permission.NETWORK and t.remote is not None for t in tools)
+    remote = type("RemoteNotes", (ToolEnv,), {"family": "mcp-remote", "tools": tools})
+    calls = [("add", {"a": 2, "b": 3}), ("note", {"text": "over http"}), ("notes", {})]
+    got = [(r.name, r.outcome, r.content) for r in results(episode(remote, calls, "5", NETWORK))]
+    assert got == [
+        ("add", ToolOutcome.OK, "5"),
+        ("note", ToolOutcome.OK, "1 notes"),
+        ("notes", ToolOutcome.OK, "over http"),
+    ]
+    denied = results(episode(remote, calls[:1], "5"))  # the run did not grant `network`
+    assert [r.outcome for r in denied] == [ToolOutcome.PERMISSION_DENIED]
+    process.kill()
+    process.wait(10)
+    (gone,) = results(episode(remote, calls[:1], "5", NETWORK))
+    assert gone.outcome is ToolOutcome.INFRA_ERROR and url in (gone.error or "")

@@ -64,4 +64,9 @@ def fail() -> str:
 
 
 if __name__ == "__main__":
-    server.run()
+    import sys
+
+    if len(sys.argv) == 3 and sys.argv[1] == "--http":  # Streamable HTTP on 127.0.0.1:PORT/mcp
+        server.run(transport="streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        server.run()

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 from reprorl.actions import Action
 from reprorl.config.spec import DataSpec, NoiseSpec
 from reprorl.envs.calls import CallOutcome, classify_call
+from reprorl.envs.mcp_remote import RemoteSessions
 from reprorl.envs.noise import NoiseInjector
 from reprorl.envs.sandbox import Sandbox, SandboxError
 from reprorl.envs.tool import Tool
@@ -125,6 +126,7 @@ class ToolEnv(Env):
         self._task: Task | None = None
         self._invalid_streak = 0
         self._answer: str | None = None
+        self._remote: RemoteSessions | None = None  # MCP sessions of tools served at a URL
 
     # -- what a family provides ----------------------------------------------------------------
 
@@ -148,7 +150,19 @@ class ToolEnv(Env):
     async def host_call(
         self, call_id: str, tool: Tool, arguments: dict[str, Any], started: float
     ) -> CallOutcome:
-        """A host tool's call (it runs here, not in the sandbox): `ask_human` unless a family says."""
+        """A host tool's call (it runs here, not in the sandbox): a remote MCP server's tool, or
+        `ask_human`, unless a family says otherwise."""
+        if tool.remote is not None:
+            if self._remote is None:
+                self._remote = RemoteSessions()
+            outcome = await self._remote.call(call_id, tool.name, tool.remote, arguments)
+            if outcome.result.outcome is ToolOutcome.OK:
+                cap = self.config.tool_output_chars
+                content = outcome.result.content
+                return CallOutcome.ok(call_id, tool.name, content, time.perf_counter() - started, cap)
+            return CallOutcome(
+                outcome.result.model_copy(update={"duration_s": time.perf_counter() - started})
+            )
         if tool.permission == Permission.HUMAN:
             self.human_calls += 1
         content = self.human_reply(str(arguments.get("question", "")))
@@ -173,6 +187,11 @@ class ToolEnv(Env):
     @property
     def final_answer(self) -> str | None:
         return self._answer
+
+    async def close(self) -> None:
+        remote, self._remote = self._remote, None
+        if remote is not None:
+            await remote.aclose()
 
     @property
     def task(self) -> Task:

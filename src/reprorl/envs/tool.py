@@ -22,6 +22,9 @@ from pydantic import Field, create_model
 from reprorl.hashing import code_fingerprint, content_hash
 from reprorl.types import Permission
 
+if typing.TYPE_CHECKING:
+    from reprorl.envs.mcp_remote import MCPRemote
+
 ToolFunction = Callable[..., str]
 JsonSchema = dict[str, Any]
 
@@ -43,6 +46,8 @@ class Tool:
     bound: Mapping[str, Any] | None = field(default=None, compare=False)
     """Fixed arguments of `fn_ref` (an MCP tool's server and name): the sandbox calls it with these
     and the agent's arguments as `arguments`, instead of with the agent's arguments alone."""
+    remote: MCPRemote | None = None
+    """A host tool an MCP server serves at a URL: where the env sends its calls."""
     fn: ToolFunction | None = field(default=None, repr=False, compare=False)
     _validator: Any = field(default=None, repr=False, compare=False)
 

@@ -143,6 +143,7 @@ class OpenEnvEnv(ToolEnv):
         return result
 
     async def close(self) -> None:
+        await super().close()
         client, self._client = self._client, None
         if client is not None:
             # A server that is gone or stuck takes its end of the session with it.

@@ -277,8 +277,9 @@ def test_kill_during_run_creation(tmp_path: Path, spawn: Callable[..., Child]) -
 
     run_id = new_run_id()
     staging = root / "runs" / f".tmp-{run_id}"
-    # A spec this size takes most of a second to serialise after the staging folder exists.
-    child = spawn(SLOW_RUN_CREATOR, str(root), run_id, "600000")
+    # A spec this size takes a second or two to serialise after the staging folder exists: time
+    # for the kill to land even when a loaded machine is slow to notice the folder.
+    child = spawn(SLOW_RUN_CREATOR, str(root), run_id, "1500000")
     child.wait_for_line("CREATING")
     child.wait_until(staging.is_dir, "the staging folder")
     child.kill()

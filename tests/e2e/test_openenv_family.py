@@ -31,6 +31,21 @@ from reprorl.types import Split, Termination
 ENVS = Path(__file__).resolve().parents[1] / "envs"
 
 
+@pytest.fixture(autouse=True, scope="module")
+def guess() -> Iterator[None]:
+    """The example family, registered as a package's entry point would (its server is the module's)."""
+    from reprorl.examples.openenv_guess import FAMILY
+
+    register_family(FAMILY)
+    try:
+        yield
+    finally:
+        found = served(FAMILY)
+        if found is not None:
+            found.kill()
+        FAMILIES.remove(FAMILY.name)
+
+
 def _episodes(family_name: str, scripts: dict[str, object], tasks: int) -> dict[str, list[object]]:
     family = get_family(family_name)
     sets = family.generate(0, train=tasks, eval=0, holdout=0)

@@ -81,4 +81,5 @@ def test_a_registered_verifier_is_audited_by_its_name(tmp_path, capsys) -> None:
     code, out, _ = cli("rewards", "audit", "calculator", "--tasks", "2", "--verifier", "calculator=numeric")
     assert code == 0 and "PASS calculator: NumericAnswer" in " ".join(out.split())
     line = cli.error("rewards", "audit", "--verifier", "calculator=nope")
-    assert line.endswith("no verifier 'nope'; verifiers: expression, file_tree, numeric, sqlite_state")
+    known = "env-reported, expression, file_tree, numeric, sqlite_state, verifiers-taskset"
+    assert line.endswith(f"no verifier 'nope'; verifiers: {known}")

@@ -7,8 +7,8 @@ episode allows `max_guesses` guesses (then it ends with reward 0). Serve it with
 
     python -m uvicorn reprorl.examples.openenv_guess:app --host 127.0.0.1 --port 8000
 
-`FAMILY` is the reprorl family over it (`openenv-guess`, found through the `reprorl.families` entry
-point): reprorl starts this server itself on a free port of 127.0.0.1.
+`FAMILY` is the reprorl family over it (`openenv-guess`), for `register_family` or a package's
+`reprorl.families` entry point: reprorl starts this server itself on a free port of 127.0.0.1.
 """
 
 from __future__ import annotations

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
 from reprorl.envs.calls import CallOutcome
+from reprorl.envs.outside import run_on_own_loop
 from reprorl.types import ToolOutcome
 
 INVALID_PARAMS = -32602
@@ -90,34 +90,17 @@ class RemoteSessions:
 
 
 def list_remote(url: str, timeout_s: float) -> dict[str, Any]:
-    """`tools/list` and the server's identity, on a thread of its own (the caller may be in a loop)."""
-    found: list[dict[str, Any]] = []
-    failed: list[BaseException] = []
+    """`tools/list` and the server's identity (blocks; the caller may be in an event loop)."""
 
-    async def ask() -> None:
+    async def ask() -> dict[str, Any]:
         from mcp import Client
 
         async with asyncio.timeout(timeout_s), Client(url, read_timeout_seconds=timeout_s) as client:
             listed = await client.list_tools()
             info = client.server_info
-            found.append(
-                {
-                    "tools": [
-                        t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in listed.tools
-                    ],
-                    "server": info.model_dump(mode="json", exclude_none=True) if info is not None else {},
-                }
-            )
+            return {
+                "tools": [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in listed.tools],
+                "server": info.model_dump(mode="json", exclude_none=True) if info is not None else {},
+            }
 
-    def run() -> None:
-        try:
-            asyncio.run(ask())
-        except BaseException as exc:
-            failed.append(exc)
-
-    worker = threading.Thread(target=run, name="mcp-remote-list")
-    worker.start()
-    worker.join()
-    if failed:
-        raise failed[0]
-    return found[0]
+    return run_on_own_loop(ask)

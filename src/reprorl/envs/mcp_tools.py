@@ -14,15 +14,13 @@ tool. Errors are classified as any tool's: the server's refusal of the arguments
 
 from __future__ import annotations
 
-import asyncio
-import importlib.metadata
 import json
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from reprorl.envs.mcp_remote import MCPRemote, list_remote
+from reprorl.envs.outside import installed_version, run_on_own_loop
 from reprorl.envs.sandbox import SandboxPool
 from reprorl.envs.tool import Tool
 from reprorl.errors import UserInputError
@@ -72,7 +70,7 @@ def mcp_tools(
         "command": list(server.command),
         "env": dict(sorted(server.env.items())),
         "package": server.package,
-        "package_version": _version_of(server.package),
+        "package_version": installed_version(server.package),
         "server": listing.get("server") or {},
     }
     tools = []
@@ -81,36 +79,35 @@ def mcp_tools(
         if only and name not in only:
             continue
         schema = entry.get("inputSchema") or {"type": "object", "properties": {}}
-        if server.url is not None:
-            tools.append(
-                Tool(
-                    name=f"{prefix}{name}",
-                    description=str(entry.get("description") or name),
-                    parameters=schema,
-                    permission=permission,
-                    fn_ref=f"mcp:{server.url}#{name}",
-                    timeout_s=server.timeout_s,
-                    host=True,
-                    source_hash=content_hash({**identity, "tool": entry}),
-                    remote=MCPRemote(server.url, name, server.timeout_s),
-                )
-            )
-            continue
+        # A URL's tool is called from here (host); a stdio server's in the episode's sandbox,
+        # through the bridge, whose own limit ends a hung call before the sandbox's does.
+        placement: dict[str, Any] = (
+            {
+                "fn_ref": f"mcp:{server.url}#{name}",
+                "timeout_s": server.timeout_s,
+                "host": True,
+                "remote": MCPRemote(server.url, name, server.timeout_s),
+            }
+            if server.url is not None
+            else {
+                "fn_ref": f"{BRIDGE}:call_tool",
+                "timeout_s": server.timeout_s + 5.0,
+                "bound": {
+                    "server": list(server.command),
+                    "tool": name,
+                    "env": dict(server.env),
+                    "timeout_s": server.timeout_s,
+                },
+            }
+        )
         tools.append(
             Tool(
                 name=f"{prefix}{name}",
                 description=str(entry.get("description") or name),
                 parameters=schema,
                 permission=permission,
-                fn_ref=f"{BRIDGE}:call_tool",
-                timeout_s=server.timeout_s + 5.0,  # the bridge's own limit ends a hung call first
                 source_hash=content_hash({**identity, "tool": entry}),
-                bound={
-                    "server": list(server.command),
-                    "tool": name,
-                    "env": dict(server.env),
-                    "timeout_s": server.timeout_s,
-                },
+                **placement,
             )
         )
     missing = sorted(set(only) - {t.name[len(prefix) :] for t in tools})
@@ -120,11 +117,9 @@ def mcp_tools(
 
 
 def _listed(server: MCPServerSpec) -> dict[str, Any]:
-    """`tools/list` run in a sandbox, on a thread of its own (the caller may be in an event loop)."""
-    found: list[dict[str, Any]] = []
-    failed: list[BaseException] = []
+    """`tools/list`, run in a sandbox of its own (blocks; the caller may be in an event loop)."""
 
-    async def ask() -> None:
+    async def ask() -> dict[str, Any]:
         async with SandboxPool([BRIDGE]) as pool, pool.open() as sandbox:
             result = await sandbox.call(
                 f"{BRIDGE}:list_tools",
@@ -136,26 +131,7 @@ def _listed(server: MCPServerSpec) -> dict[str, Any]:
                 f"the MCP server {list(server.command)} could not list its tools: "
                 f"{result.error_type}: {result.error}"
             )
-        found.append(json.loads(result.value))
+        listing: dict[str, Any] = json.loads(result.value)
+        return listing
 
-    def run() -> None:
-        try:
-            asyncio.run(ask())
-        except BaseException as exc:
-            failed.append(exc)
-
-    worker = threading.Thread(target=run, name="mcp-tools-list")
-    worker.start()
-    worker.join()
-    if failed:
-        raise failed[0]
-    return found[0]
-
-
-def _version_of(package: str | None) -> str | None:
-    if package is None:
-        return None
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    return run_on_own_loop(ask)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
-import importlib.metadata
 import os
 import signal
 import socket
@@ -26,6 +25,7 @@ from typing import Any
 
 import httpx
 
+from reprorl.envs.outside import installed_version
 from reprorl.errors import UserInputError
 from reprorl.hashing import content_hash
 
@@ -84,7 +84,7 @@ class OpenEnvServer:
             url = self.base_url()
             self._identity = {
                 "package": self.spec.package,
-                "package_version": _version_of(self.spec.package),
+                "package_version": installed_version(self.spec.package),
                 "command": [p for p in self.spec.command if p != "{port}"] or None,
                 "url": self.spec.url,
                 "schema": self._get(url, "/schema"),
@@ -171,15 +171,6 @@ class OpenEnvServer:
                 f"OpenEnv server {self.spec.name!r}: GET {path} answered {response.status_code}"
             )
         return response.json()
-
-
-def _version_of(package: str | None) -> str | None:
-    if package is None:
-        return None
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def _die_with_parent() -> None:

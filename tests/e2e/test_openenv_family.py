@@ -195,3 +195,20 @@ def test_every_episode_closes_its_session_so_more_run_than_the_server_holds_at_o
     # The example server holds 64 sessions; a leaked session per episode would refuse the 65th.
     got = _episodes("openenv-guess", {"guess": lambda t, m: "It is 42."}, 70)
     assert [t.termination for t in got["guess"]] == [Termination.ANSWERED] * 70
+
+
+def test_a_server_that_cannot_start_is_named_with_its_last_words_and_leaves_no_log() -> None:
+    from reprorl.envs.external import ExternalEnvError, OpenEnvServer
+
+    crash = "import sys; print('no such env', file=sys.stderr); sys.exit(3)"
+    server = OpenEnvServer(
+        OpenEnvServerSpec(
+            command=(sys.executable, "-c", crash, "{port}"), name="broken", startup_timeout_s=20
+        )
+    )
+    with pytest.raises(ExternalEnvError, match=r"'broken' exited with 3 while starting: no such env"):
+        server.base_url()
+    log = server._log
+    assert log is not None and log.exists()
+    server.kill()
+    assert not log.exists() and server.starts == 1

@@ -105,12 +105,14 @@ class OpenEnvServer:
     def kill(self) -> None:
         """Stop the server (and everything it started); the next episode starts it again."""
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(10)
+        if process is not None and process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(10)
+        log, self._log = self._log, None
+        if log is not None:
+            log.unlink(missing_ok=True)  # its tail went into any error that needed it
 
     def log_tail(self, chars: int = 2000) -> str:
         if self._log is None or not self._log.exists():
@@ -153,10 +155,11 @@ class OpenEnvServer:
                     self._url = url
                     return
             time.sleep(0.05)
+        tail = self.log_tail(500)
         self.kill()
         raise ExternalEnvError(
             f"OpenEnv server {self.spec.name!r} did not answer /health within "
-            f"{self.spec.startup_timeout_s:.0f} s: {self.log_tail(500)}"
+            f"{self.spec.startup_timeout_s:.0f} s: {tail}"
         )
 
     def _get(self, url: str, path: str) -> Any:

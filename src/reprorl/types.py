@@ -410,6 +410,11 @@ class Trajectory(Record):
         description="The agent program that drove the episode through the proxy (empty for reprorl's own "
         "loop): its kind, reference and code hash, exit status, output tails, requests and divergences.",
     )
+    env: dict[str, JsonValue] = Field(
+        default_factory=dict,
+        description="An external env's identity as the episode met it (empty for reprorl's own envs): an "
+        "OpenEnv server's package, version and schema hash, or a verifiers taskset and its task's hash.",
+    )
 
     def tool_outcomes(self) -> list[ToolOutcome]:
         return [r.outcome for turn in self.turns for r in turn.tool_results]

@@ -82,6 +82,8 @@ def test_the_oracle_solves_it_and_an_answer_without_the_env_gets_nothing() -> No
         assert [r.env_done for r in steps] == [False] * (len(steps) - 1) + [True]
         assert [r.env_reward for r in steps][-1] == 1.0 and json.loads(steps[-1].content)["hint"] == "correct"
         assert t.env_version.startswith("sha256:") and t.tool_versions["guess"]
+        assert t.env["kind"] == "openenv" and t.env["server"] == "guess" and t.env["package_version"]
+        assert str(t.env["schema_hash"]).startswith("sha256:")
     for t in got["guess"]:
         assert t.termination is Termination.ANSWERED and t.reward and t.reward.components["outcome"] == 0.0
 

@@ -130,4 +130,6 @@ def test_the_tiny_model_trains_on_it_and_the_data_hash_is_in_the_record(
     hashes = {t.id: t.reference["hash"] for t in train.tasks}
     rollouts = list(RolloutStore(record).trajectories("split = 'train'"))
     assert rollouts and all(t.task_id in hashes and t.reward is not None for t in rollouts)
+    # Each rollout names the verifiers task it ran by verifiers' own hash of its data.
+    assert all(t.env["kind"] == "verifiers" and t.env["task_hash"] == hashes[t.task_id] for t in rollouts)
     assert all("vf/correct" in t.reward.components for t in rollouts if t.reward)

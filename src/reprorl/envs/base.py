@@ -106,6 +106,10 @@ class Env(ABC):
         """Release what the episode held outside its sandbox (an external env's session); idempotent."""
         return None
 
+    def info(self) -> dict[str, Any]:
+        """What the trajectory records of an external env's identity (`Trajectory.env`); empty here."""
+        return {}
+
 
 class ToolEnv(Env):
     """An env family whose agent acts by calling tools; subclasses declare `family` and `tools`."""

@@ -268,10 +268,18 @@ async def run_episode(
         wall_s=time.perf_counter() - started,
         sandbox=sandbox_info,
         agent=driver.info(),
+        env=_env_info(env),
     )
 
 
 CROSS = "cross/"
+
+
+def _env_info(env: ToolEnv) -> dict[str, Any]:
+    try:
+        return env.info()
+    except Exception as exc:  # the record is written whatever the env can say of itself
+        return {"error": f"{type(exc).__name__}: {exc}"[:500]}
 
 
 def transcript(task: Task, turns: Sequence[Turn]) -> tuple[Message, ...]:

@@ -98,6 +98,20 @@ class OpenEnvEnv(ToolEnv):
             "done": float(self._done),
         }
 
+    def info(self) -> dict[str, Any]:
+        identity = self.server.identity()
+        return {
+            "kind": "openenv",
+            "server": self.server.spec.name,
+            "package": identity["package"],
+            "package_version": identity["package_version"],
+            "url": identity["url"],
+            "schema_hash": content_hash(identity["schema"]),
+            "metadata": identity["metadata"],
+            "server_version": self.server.version(),
+            "server_starts": self.server.starts,
+        }
+
     async def start(self, task: Task, sandbox: Sandbox) -> Observation:
         opened = await super().start(task, sandbox)
         base_url = self.server.base_url()

@@ -39,6 +39,17 @@ class VerifiersEnv(ToolEnv):
             }
         )
 
+    def info(self) -> dict[str, Any]:
+        task = self._task
+        reference = task.reference if task is not None and isinstance(task.reference, dict) else {}
+        return {
+            "kind": "verifiers",
+            "taskset": self.taskset,
+            "verifiers_version": importlib.metadata.version("verifiers"),
+            "task_hash": reference.get("hash"),
+            "task_key": reference.get("key"),
+        }
+
 
 def verifiers_env(family: str, taskset: str, config: dict[str, Any]) -> type[VerifiersEnv]:
     attributes = {"family": family, "taskset": taskset, "taskset_config": dict(config)}

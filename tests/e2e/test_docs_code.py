@@ -48,6 +48,7 @@ RUNNERS: dict[str, Any] = {
     "NOTEBOOK = MCPServerSpec(": "test_the_mcp_block_makes_a_family_whose_oracle_solves_it",
     # Run as written by `make test-verifiers` (verifiers needs a venv of its own).
     "class SumTaskset(": "test_the_verifiers_block_is_the_taskset_the_verifiers_adapter_tests_use",
+    "class LedgerTaskset(": "test_the_verifiers_block_is_the_taskset_the_verifiers_adapter_tests_use",
 }
 
 
@@ -243,8 +244,13 @@ def test_the_mcp_block_makes_a_family_whose_oracle_solves_it() -> None:
 
 
 def test_the_verifiers_block_is_the_taskset_the_verifiers_adapter_tests_use() -> None:
-    adapter_tests = ROOT / "tests" / "verifiers_adapter" / "test_verifiers_family.py"
-    source = adapter_tests.read_text()
-    assert '"class SumTaskset(" in c' in source and '"docs" / "verifiers.md"' in source
+    adapter_tests = ROOT / "tests" / "verifiers_adapter"
+    for marker, test_file in (
+        ("class SumTaskset(", "test_verifiers_family.py"),
+        ("class LedgerTaskset(", "test_verifiers_toolsets.py"),
+    ):
+        source = (adapter_tests / test_file).read_text()
+        assert f'docs_family("{marker}"' in source
+        compile(block_with(marker), "docs/verifiers.md", "exec")  # it parses here too
+    assert '"docs" / "verifiers.md"' in (adapter_tests / "vf_support.py").read_text()
     assert "make test-verifiers" in (ROOT / ".ci" / "run").read_text()
-    compile(block_with("class SumTaskset("), "docs/verifiers.md", "exec")  # it parses here too

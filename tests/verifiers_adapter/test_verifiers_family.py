@@ -5,74 +5,25 @@ The taskset is docs/verifiers.md's block, as written, saved as the module `arith
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import json
-import re
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cli_support import Cli, run_ids, tiny_spec, tiny_training_store
+from vf_support import docs_family, episodes
 
-from reprorl.envs.base import EnvConfig
-from reprorl.envs.sandbox import SandboxPool
-from reprorl.rewards import VerifierRunner
-from reprorl.rollout.episode import EpisodeIds, ScriptedPolicy, run_episode
-from reprorl.rollout.families import FAMILIES, register_family
 from reprorl.store import find_run
 from reprorl.store.rollout_query import RolloutStore
-from reprorl.types import Split, TaskSet, Trajectory
-
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "verifiers.md"
-
-
-def docs_block() -> str:
-    (code,) = [
-        c
-        for c in re.findall(r"```python\n(.*?)```", DOCS.read_text(), flags=re.S)
-        if "class SumTaskset(" in c
-    ]
-    return code
+from reprorl.types import TaskSet
 
 
 @pytest.fixture
 def family(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    modules = tmp_path / "modules"
-    modules.mkdir()
-    (modules / "arith_taskset.py").write_text(docs_block())
-    monkeypatch.syspath_prepend(str(modules))
-    monkeypatch.setenv("PYTHONPATH", str(modules))  # the verifier's worker processes import it by name
-    sys.modules.pop("arith_taskset", None)
-    made = register_family(importlib.import_module("arith_taskset").FAMILY)
-    try:
+    with docs_family("class SumTaskset(", "arith_taskset", tmp_path, monkeypatch) as made:
         yield made
-    finally:
-        FAMILIES.remove("vf-sum")
-        sys.modules.pop("arith_taskset", None)
-
-
-def episodes(family: Any, answer: Any, count: int) -> list[Trajectory]:
-    tasks = family.generate(0, train=count, eval=0, holdout=0)[Split.TRAIN].tasks
-
-    async def run() -> list[Trajectory]:
-        async with SandboxPool(family.tool_modules) as pool, VerifierRunner() as verifiers:
-            return [
-                await run_episode(
-                    family.env(EnvConfig(), seed=0),
-                    task,
-                    ScriptedPolicy(task, answer),
-                    verifier=family.verifier,
-                    sandboxes=pool,
-                    verifiers=verifiers,
-                    ids=EpisodeIds("run", f"run/train/0/{task.id}/0", "g", 1),
-                )
-                for task in tasks
-            ]
-
-    return asyncio.run(run())
 
 
 def test_the_tasks_carry_their_data_and_the_tasksets_hash_of_it(family: Any) -> None:

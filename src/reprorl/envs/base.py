@@ -102,6 +102,12 @@ class Env(ABC):
         its verifier scores; None for an env whose outcome is read from the final state."""
         return None
 
+    @property
+    def env_state(self) -> str | None:
+        """The state an external env's own code keeps of the episode, as JSON (a verifiers rollout's
+        `State`), which its verifier reads; None for an env whose state is its files."""
+        return None
+
     async def close(self) -> None:
         """Release what the episode held outside its sandbox (an external env's session); idempotent."""
         return None

@@ -36,6 +36,10 @@ class FinalState:
     reported: dict[str, float] | None = None
     """What an external env reported of the episode (an OpenEnv server's rewards), taken from the
     server by reprorl — never from the agent's work directory, which the agent can write."""
+    env_state: str | None = None
+    """The state an external env's own code kept of the episode, as JSON (a verifiers rollout's
+    shared `State`, as its toolsets left it), taken by reprorl from that code's process in the
+    sandbox after each call — never from the work directory."""
     transcript: tuple[Message, ...] = ()
     """The conversation as recorded: the task's prompt, then each turn's reply and tool results
     (for verifiers that judge the whole episode, a verifiers taskset's rewards among them)."""

@@ -212,6 +212,7 @@ async def run_episode(
                     sandbox.workdir,
                     termination,
                     env.reported,
+                    env.env_state,
                     transcript(task, progress.turns),
                 )
                 components, failure = await verifiers.score(verifier, task, state)

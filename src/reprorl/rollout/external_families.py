@@ -19,10 +19,11 @@ from typing import Any, Literal
 from reprorl.envs.common import generate_splits, impossible_variant
 from reprorl.envs.external.openenv_server import OpenEnvServer, OpenEnvServerSpec
 from reprorl.rewards.verifiers.reported import EnvReported
-from reprorl.rewards.verifiers.verifiers_taskset import VerifiersRewards, load_taskset
+from reprorl.rewards.verifiers.verifiers_taskset import VerifiersRewards
 from reprorl.rollout.episode import Script
 from reprorl.rollout.families import Family
 from reprorl.types import Message, Role, Split, Task, TaskSet
+from reprorl.verifiers_v1 import load_taskset
 
 __all__ = ["OpenEnvServerSpec", "openenv_family", "openenv_tasks", "verifiers_family", "verifiers_tasks"]
 
@@ -148,18 +149,23 @@ def verifiers_family(
     oracle: Script,
     config: dict[str, Any] | None = None,
     impossible: Callable[[Task], Task] = impossible_variant,
+    tool_timeout_s: float = 30.0,
 ) -> Family:
     """A family over the verifiers v1 taskset `taskset` (`module:Class`), built with `config` (its
     `TasksetConfig` as JSON). `oracle` is a scripted policy that solves its tasks (reprorl's reward
-    audit and SFT demonstrations need one; verifiers tasksets have none of their own)."""
-    from reprorl.envs.external.verifiers_env import verifiers_env
+    audit and SFT demonstrations need one; verifiers tasksets have none of their own). The toolsets
+    of the taskset and its task are the agent's tools, each call limited to `tool_timeout_s`."""
+    from reprorl.envs.external.verifiers_env import TOOLSETS, verifiers_env
 
+    env = verifiers_env(name, taskset, config or {}, tool_timeout_s=tool_timeout_s)
+    # The sandbox imports the taskset's module (its toolsets are there) and the code that runs them.
+    modules = (taskset.partition(":")[0], TOOLSETS) if env.tools else ()
     return Family(
         name,
-        verifiers_env(name, taskset, config or {}),
+        env,
         VerifiersRewards(taskset=taskset, config=dict(config or {})),
         verifiers_tasks(name, taskset, config),
         oracle,
-        (),
+        modules,
         impossible,
     )

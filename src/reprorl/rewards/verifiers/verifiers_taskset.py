@@ -10,7 +10,6 @@ weights. A reward that did not run, or raised, fails the scoring (never a 0).
 from __future__ import annotations
 
 import asyncio
-import importlib
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,21 +17,7 @@ from typing import Any
 from reprorl.rewards.base import FinalState, Verifier
 from reprorl.rewards.registered import register_verifier
 from reprorl.types import Message, Role, Task
-
-
-def load_taskset(ref: str, config: dict[str, Any]) -> Any:
-    """`module:Class` of a verifiers `Taskset`, built with its config."""
-    module, _, name = ref.partition(":")
-    cls = getattr(importlib.import_module(module), name)
-    config_type = _config_type(cls)
-    return cls(config_type.model_validate(config))
-
-
-def _config_type(cls: type) -> Any:
-    from verifiers.v1 import TasksetConfig
-    from verifiers.v1.utils.generic import concrete_type
-
-    return concrete_type(cls, TasksetConfig) or TasksetConfig
+from reprorl.verifiers_v1 import load_taskset, task_of
 
 
 @register_verifier("verifiers-taskset")
@@ -48,14 +33,12 @@ class VerifiersRewards(Verifier):
         if not isinstance(reference, dict) or "data" not in reference:
             raise ValueError(f"task {task.id} carries no verifiers task data")
         taskset = load_taskset(self.taskset, self.config)
-        task_type = type(taskset).task_type()
-        data = task_type.data_type().model_validate(reference["data"])
-        vf_task = task_type(data, taskset.config.task)
+        vf_task = task_of(taskset, reference["data"])
         if vf_task.hash != reference.get("hash"):
             raise ValueError(
                 f"task {task.id}: its verifiers data no longer hashes to {reference.get('hash')}"
             )
-        trace = _trace(vf_task, state.transcript)
+        trace = _trace(vf_task, state.transcript, state.env_state)
         asyncio.run(vf_task.score(trace))
         if trace.errors:
             raise RuntimeError(f"the taskset's scoring failed: {trace.errors[-1].model_dump()}")
@@ -73,9 +56,10 @@ class VerifiersRewards(Verifier):
         return components
 
 
-def _trace(vf_task: Any, transcript: tuple[Message, ...]) -> Any:
+def _trace(vf_task: Any, transcript: tuple[Message, ...], env_state: str | None) -> Any:
     import verifiers.v1 as vf
     from verifiers.v1.graph import MessageNode
+    from verifiers.v1.state import state_cls
     from verifiers.v1.trace import AgentInfo, Trace, TraceTask
     from verifiers.v1.types import AssistantMessage, SystemMessage, ToolMessage, UserMessage
 
@@ -91,7 +75,9 @@ def _trace(vf_task: Any, transcript: tuple[Message, ...]) -> Any:
                 parent=index - 1 if index else None, message=built, sampled=message.role is Role.ASSISTANT
             )
         )
+    state_type = state_cls(type(vf_task))
     return Trace(
+        state=state_type.model_validate_json(env_state) if env_state else state_type(),
         task=TraceTask(type=type(vf_task).__name__, data=vf_task.data, key=vf_task.key, hash=vf_task.hash),
         agent=AgentInfo(config=vf.AgentConfig(model="reprorl-policy")),
         nodes=nodes,

@@ -210,7 +210,8 @@ def test_a_server_that_cannot_start_is_named_with_its_last_words_and_leaves_no_l
     )
     with pytest.raises(ExternalEnvError, match=r"'broken' exited with 3 while starting: no such env"):
         server.base_url()
-    log = server._log
+    assert server._child is not None
+    log = server._child.log
     assert log is not None and log.exists()
     server.kill()
     assert not log.exists() and server.starts == 1

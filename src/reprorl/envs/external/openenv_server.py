@@ -9,18 +9,8 @@ used as it is. The server's identity — its package and version, and what it sa
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import ctypes
-import os
-import signal
-import socket
-import subprocess
-import tempfile
 import threading
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -28,6 +18,7 @@ import httpx
 from reprorl.envs.outside import installed_version
 from reprorl.errors import UserInputError
 from reprorl.hashing import content_hash
+from reprorl.local_server import LocalServer, ServerStartError
 
 
 class ExternalEnvError(Exception):
@@ -60,23 +51,31 @@ class OpenEnvServer:
     """One server process (or URL) shared by a run's episodes, each its own WebSocket session."""
 
     spec: OpenEnvServerSpec
-    _process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
-    _url: str | None = None
-    _log: Path | None = None
+    _child: LocalServer | None = field(default=None, repr=False)
     _identity: dict[str, Any] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    starts: int = 0
+
+    @property
+    def starts(self) -> int:
+        return self._child.starts if self._child is not None else 0
 
     def base_url(self) -> str:
         """The server's URL, starting (or restarting) it when it is not running."""
         if self.spec.url is not None:
             return self.spec.url.rstrip("/")
         with self._lock:
-            if self._process is not None and self._process.poll() is None and self._url is not None:
-                return self._url
-            self._start()
-            assert self._url is not None
-            return self._url
+            if self._child is None:
+                self._child = LocalServer(
+                    f"OpenEnv server {self.spec.name!r}",
+                    self.spec.command,
+                    startup_timeout_s=self.spec.startup_timeout_s,
+                )
+            if self._child.alive and self._child.url is not None:
+                return self._child.url
+            try:
+                return self._child.start()
+            except ServerStartError as exc:
+                raise ExternalEnvError(str(exc)) from exc
 
     def identity(self) -> dict[str, Any]:
         """What identifies the server: package and version, and its `/schema` and `/metadata`."""
@@ -104,63 +103,13 @@ class OpenEnvServer:
 
     def kill(self) -> None:
         """Stop the server (and everything it started); the next episode starts it again."""
-        process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(10)
-        log, self._log = self._log, None
-        if log is not None:
-            log.unlink(missing_ok=True)  # its tail went into any error that needed it
+        if self._child is not None:
+            self._child.kill()
 
     def log_tail(self, chars: int = 2000) -> str:
-        if self._log is None or not self._log.exists():
-            return ""
-        return self._log.read_text(errors="replace")[-chars:]
+        return self._child.log_tail(chars) if self._child is not None else ""
 
     # -- internals ---------------------------------------------------------------------------
-
-    def _start(self) -> None:
-        self.kill()
-        port = _free_port()
-        argv = [part.replace("{port}", str(port)) for part in self.spec.command]
-        handle, log = tempfile.mkstemp(prefix="reprorl-openenv-", suffix=".log")
-        self._log = Path(log)
-        try:
-            self._process = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=handle,
-                stderr=handle,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-            )
-        except OSError as exc:
-            raise ExternalEnvError(f"OpenEnv server {self.spec.name!r} could not start: {exc}") from exc
-        finally:
-            os.close(handle)
-        self.starts += 1
-        _STARTED.append(self)
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + self.spec.startup_timeout_s
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                raise ExternalEnvError(
-                    f"OpenEnv server {self.spec.name!r} exited with {self._process.returncode} "
-                    f"while starting: {self.log_tail(500)}"
-                )
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
-                    self._url = url
-                    return
-            time.sleep(0.05)
-        tail = self.log_tail(500)
-        self.kill()
-        raise ExternalEnvError(
-            f"OpenEnv server {self.spec.name!r} did not answer /health within "
-            f"{self.spec.startup_timeout_s:.0f} s: {tail}"
-        )
 
     def _get(self, url: str, path: str) -> Any:
         try:
@@ -174,25 +123,3 @@ class OpenEnvServer:
                 f"OpenEnv server {self.spec.name!r}: GET {path} answered {response.status_code}"
             )
         return response.json()
-
-
-def _die_with_parent() -> None:
-    # Killed with its starter even when that one is SIGKILLed and no atexit runs (PR_SET_PDEATHSIG).
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-_STARTED: list[OpenEnvServer] = []
-
-
-@atexit.register
-def _stop_all() -> None:
-    # A server reprorl started never outlives the process that started it.
-    for server in _STARTED:
-        server.kill()

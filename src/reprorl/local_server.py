@@ -19,6 +19,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -65,7 +66,10 @@ class LocalServer:
         handle, log = tempfile.mkstemp(prefix=f"{prefix}-", suffix=".log", dir=self.log_dir)
         self.log = Path(log)
         try:
-            self.process = subprocess.Popen(
+            # PR_SET_PDEATHSIG fires when the forking *thread* ends, so every child is forked by one
+            # thread that lives as long as this process, whichever thread asked for the start.
+            self.process = _LAUNCHER.submit(
+                subprocess.Popen,
                 argv,
                 stdin=subprocess.DEVNULL,
                 stdout=handle,
@@ -73,7 +77,7 @@ class LocalServer:
                 env={**os.environ, **self.env},
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
-            )
+            ).result()
         except OSError as exc:
             raise ServerStartError(f"{self.name} could not start: {exc}") from exc
         finally:
@@ -128,6 +132,7 @@ def free_port() -> int:
 
 
 _STARTED: list[LocalServer] = []
+_LAUNCHER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reprorl-launcher")
 
 
 @atexit.register

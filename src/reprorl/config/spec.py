@@ -20,6 +20,7 @@ from pydantic import (
 
 from reprorl.config.agent import AgentSpec
 from reprorl.config.base import Owner, SpecModel
+from reprorl.config.engine import VllmEngine
 from reprorl.config.judge import JudgeTable
 from reprorl.config.loss import LossTable, default_loss
 from reprorl.hashing import content_hash
@@ -83,6 +84,11 @@ class ModelSpec(SpecModel):
         default=None,
         description="Sample through this server instead of in this process; its batches are not "
         "recorded, so its rollouts cannot be replayed bit for bit.",
+    )
+    vllm: VllmEngine | None = Field(
+        default=None,
+        description="Sample the run's rollouts with vLLM instead of in this process (LoRA only); "
+        "see docs/scaling.md.",
     )
     sampling_dtype: Literal["float32", "bfloat16"] = Field(
         default="float32",

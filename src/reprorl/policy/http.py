@@ -21,7 +21,7 @@ from typing import Any, Self
 from reprorl.actions import CLOSE, OPEN, render_call
 from reprorl.errors import InferenceError, UserInputError
 from reprorl.policy.sampling import FinishReason, Sample, SampleRequest
-from reprorl.policy.transport import Endpoint, RetryPolicy, snippet
+from reprorl.policy.transport import Endpoint, Reply, RetryPolicy, snippet
 from reprorl.types import Message, SamplingParams
 
 DEFAULT_TIMEOUT_S = 120.0
@@ -204,8 +204,11 @@ class HttpSampler(_Client):
             body["top_k"] = params.top_k  # not OpenAI's; vLLM and SGLang read it
         return body
 
+    def _post(self, body: dict[str, Any]) -> Reply:
+        return self._endpoint.post("/completions", body)
+
     def _one(self, request: SampleRequest) -> Sample:
-        reply = self._endpoint.post("/completions", self._body(request))
+        reply = self._post(self._body(request))
         choice = _first_choice(reply.body, f"{self.base_url}/completions")
         text = choice.get("text")
         text = text if isinstance(text, str) else ""

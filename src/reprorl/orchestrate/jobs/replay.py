@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
@@ -31,6 +31,7 @@ from reprorl.orchestrate.jobs.replay_policy import ReplayPolicies
 from reprorl.orchestrate.run.judge_reward import run_judge
 from reprorl.orchestrate.run.policies import OpenedPolicy
 from reprorl.orchestrate.run.rollouts import episode_limits, load_taskset
+from reprorl.policy.chat import ChatRenderer
 from reprorl.policy.sampling import Sample, SampleRequest
 from reprorl.rewards import VerifierRunner
 from reprorl.rollout.agents import AgentDriver, AgentProxy, agent_limits, resolve_program
@@ -248,6 +249,8 @@ class Replayer:
         if not target.turns or target.turns[0].seed is None:
             raise UserInputError(f"rollout {rollout_id!r} was not sampled by a model (nothing to replay)")
         kind = target.sampler.get("kind")
+        if kind == "vllm":
+            return await self._engine_sampled(spec, target, rollout_id, record, mode)
         if kind != "local":
             raise UserInputError(
                 f"rollout {rollout_id!r} was sampled by {kind!r} inference, which does not report its "
@@ -268,20 +271,6 @@ class Replayer:
                     own = sample_key(rollout_id, turn.index, row.choice)
                     _compare_sample(report, turn.index, target, next(s for s in samples if s.key == own))
             return report
-        live = await self._live(spec, target, opened_for, batches, report)
-        _compare_live(report, target, live)
-        return report
-
-    async def _live(
-        self,
-        spec: RunSpec,
-        target: Trajectory,
-        opened_for: Callable[[int], OpenedPolicy],
-        batches: _Batches,
-        report: ReplayReport,
-    ) -> Trajectory:
-        task = find_task(self.store, spec, target)
-        family = get_family(task.family)
 
         async def submit(request: SampleRequest) -> tuple[Sample, float]:
             _, turn, choice = parse_sample_key(request.key)
@@ -293,7 +282,54 @@ class Replayer:
                 _compare_sample(report, turn, target, sample)
             return sample, 0.0
 
-        renderer = opened_for(0).renderer
+        live = await self._live(spec, target, opened_for(0).renderer, submit)
+        _compare_live(report, target, live)
+        return report
+
+    async def _engine_sampled(
+        self, spec: RunSpec, target: Trajectory, rollout_id: str, record: RunRecord, mode: Mode
+    ) -> ReplayReport:
+        """A rollout vLLM sampled: its recorded tokens stand in for the model (vLLM does not say how
+        it batched them, so they cannot be drawn again bit for bit), and the episode runs again on
+        them — tools, verifier and reward, each compared to the record."""
+        if mode != "recorded":
+            raise UserInputError(
+                f"rollout {rollout_id!r} was sampled by vLLM, which does not report its batches: replay "
+                "it with --mode recorded (its tokens from the record; tools, verifier and reward again)"
+            )
+        report = ReplayReport(
+            rollout_id, mode, len(target.turns), sum(len(t.token_ids) for t in target.turns)
+        )
+
+        async def recorded(request: SampleRequest) -> tuple[Sample, float]:
+            _, index, _choice = parse_sample_key(request.key)
+            if index >= len(target.turns):
+                raise RecordError(f"the replay of {rollout_id} asked for turn {index}, which it never had")
+            turn = target.turns[index]
+            return Sample(
+                key=request.key,
+                token_ids=turn.token_ids,
+                logprobs=turn.logprobs,
+                finish_reason="stop" if turn.finish_reason == "error" else turn.finish_reason,
+                text=turn.text,
+                policy_version=turn.policy_version,
+            ), 0.0
+
+        version = target.turns[0].policy_version
+        renderer = self.policies.for_turn(record, spec, target, version).renderer
+        live = await self._live(spec, target, renderer, recorded)
+        _compare_live(report, target, live)
+        return report
+
+    async def _live(
+        self,
+        spec: RunSpec,
+        target: Trajectory,
+        renderer: ChatRenderer,
+        submit: Callable[[SampleRequest], Awaitable[tuple[Sample, float]]],
+    ) -> Trajectory:
+        task = find_task(self.store, spec, target)
+        family = get_family(task.family)
         async with AsyncExitStack() as stack:
             policy: ModelPolicy | AgentDriver = ModelPolicy(
                 submit, renderer, target.sampling, target.rollout_id

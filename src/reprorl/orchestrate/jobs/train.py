@@ -20,6 +20,7 @@ from reprorl.orchestrate.pipeline.ray_workers import RayExecutor
 from reprorl.orchestrate.pipeline.steps import ewma_of, make_loss
 from reprorl.orchestrate.pipeline.timing import LiveTiming, RecordedTiming, Timing
 from reprorl.orchestrate.run.checkpoint import latest_checkpoint, rewind
+from reprorl.orchestrate.run.engine import check_engine, open_engine
 from reprorl.orchestrate.run.judge_reward import check_judge, record_judge
 from reprorl.orchestrate.run.launch import create_run
 from reprorl.orchestrate.run.policies import chat_template_text, load_run_base
@@ -48,15 +49,26 @@ async def train_run(
     """
     if isinstance(timing, RecordedTiming) and (ray is not None or resume is not None):
         raise ValueError("a recorded schedule is followed by a fresh run in this process (no Ray, no resume)")
+    check_engine(spec, ray=ray)
     record = resume or created or prepare_run(store, spec)
     record.set_status("running")
+    engine = None
     try:
         loaded = load_run_base(store, spec)
         trainer = build_trainer(store, loaded, spec)
         ewma = ewma_of(make_loss(spec.learning), trainer)
         executor = RayExecutor(ray) if ray is not None else LocalExecutor()
+        engine = open_engine(store, spec, record, loaded)
         loop = TrainLoop(
-            store, spec, record, loaded, trainer, ewma, executor=executor, timing=timing or LiveTiming()
+            store,
+            spec,
+            record,
+            loaded,
+            trainer,
+            ewma,
+            executor=executor,
+            timing=timing or LiveTiming(),
+            engine=engine,
         )
         start, checkpoint = 0, None
         if resume is not None:
@@ -80,6 +92,9 @@ async def train_run(
     except BaseException as exc:
         record.set_status("failed", error=f"{type(exc).__name__}: {exc}"[:500])
         raise
+    finally:
+        if engine is not None:
+            engine.close()
     if loop.stopped is not None:
         record.set_status("stopped", reason=loop.stopped)
     else:

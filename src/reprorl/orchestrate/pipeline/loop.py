@@ -60,6 +60,7 @@ from reprorl.orchestrate.run.stops import budget_stop, unscored_stop
 from reprorl.orchestrate.run.warm_start import warm_start_run
 from reprorl.policy import LoadedModel
 from reprorl.policy.chat import ChatRenderer
+from reprorl.policy.vllm_engine import RolloutEngine
 from reprorl.rollout.runner import RolloutJob, RolloutResult, RolloutRunner, plan_groups
 from reprorl.store import RunRecord, Store
 from reprorl.store.rollouts import RolloutWriter
@@ -83,6 +84,7 @@ class TrainLoop:
         *,
         executor: Executor,
         timing: Timing,
+        engine: RolloutEngine | None = None,
     ) -> None:
         self.store, self.spec, self.record, self.loaded = store, spec, record, loaded
         self.trainer, self.ewma, self.executor, self.timing = trainer, ewma, executor, timing
@@ -114,6 +116,8 @@ class TrainLoop:
             self.renderer.template_hash,
             keeper=self.keeper,
             overlap=pipeline.max_staleness > 0,
+            engine=engine,
+            engine_dir=record.path / "engine" / "adapters",
         )
         self.source = self._source()
         self.current = 0  # the version the trainer's weights are: updates taken

@@ -8,21 +8,26 @@ version also keeps its trained tensors (a LoRA adapter's are small): they are wh
 stores for batches still to be sampled from it, and what a remote worker would receive.
 
 Copies are recycled: a version nothing will sample from again gives its copy back, so memory is
-bounded by the staleness bound, not by the run's length.
+bounded by the staleness bound, not by the run's length. With a rollout engine (vLLM) there are no
+copies here: a version is its adapter saved as a folder and loaded into the engine's servers under
+the version's name, and retiring it unloads it there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from reprorl.orchestrate.run.kept_versions import VersionKeeper
 from reprorl.policy import LoadedModel, tensors_hash
-from reprorl.policy.sampling import LocalSampler
+from reprorl.policy.sampling import LocalSampler, Sampler
+from reprorl.policy.vllm_engine import RolloutEngine
 from reprorl.rollout.episode import Provenance
 from reprorl.trainer import LocalTrainer
 from reprorl.trainer.snapshot import SamplingSnapshot
@@ -41,7 +46,7 @@ class PolicyVersion:
     index: int
     version: str  # "adapter:<sha256>" or "weights:<sha256>", as rollouts record it
     tensors: dict[str, torch.Tensor]
-    sampler: LocalSampler
+    sampler: Sampler
     provenance: Provenance
     users: int = 0  # batches sampling from it now
     _copy: _Copy | None = None
@@ -81,12 +86,15 @@ class PolicyVersions:
         *,
         keeper: VersionKeeper | None = None,
         overlap: bool = True,
+        engine: RolloutEngine | None = None,
+        engine_dir: Path | None = None,
     ) -> None:
         """`template_hash`: the chat template's, which every trajectory records with its sampler;
         `keeper`: where the run keeps each published version's tensors (None on a remote worker);
         `overlap`: whether sampling goes on while the trainer updates (a staleness bound above 0).
         Without it a trained model that could serve itself (full fine-tuning in the sampling dtype)
-        is its own sampling copy, as no batch reads it mid-update."""
+        is its own sampling copy, as no batch reads it mid-update. `engine`: vLLM servers that sample
+        instead of copies here, each version's adapter saved under `engine_dir` for them to load."""
         self.trainer, self.loaded, self.dtype, self.template_hash = trainer, loaded, dtype, template_hash
         self.overlap = overlap
         self.keeper = keeper
@@ -94,6 +102,7 @@ class PolicyVersions:
         self._ready: dict[int, asyncio.Event] = {}
         self._spare: list[_Copy] = []
         self.copies_made = 0
+        self.engine, self.engine_dir = engine, engine_dir
 
     def publish(self, index: int, tensors: dict[str, torch.Tensor] | None = None) -> PolicyVersion:
         """Make version `index` samplable: from the trainer's weights now, or from saved `tensors`.
@@ -107,6 +116,8 @@ class PolicyVersions:
         current = self.live.get(index)
         if current is not None and current.users:
             raise RuntimeError(f"policy version {index} is being sampled from and cannot change")
+        if self.engine is not None:
+            return self._publish_to_engine(index, self.engine)
         copy = current._copy if current is not None and current._copy else self._take_copy()
         copy.snapshot.refresh()
         tensors = {n: t.detach().clone() for n, t in self.trainer.trainable_state().items()}
@@ -116,6 +127,24 @@ class PolicyVersions:
         copy.sampler.policy_version = version
         provenance = Provenance(self.loaded.base_hash, None, self.template_hash, copy.sampler.info())
         published = PolicyVersion(index, version, tensors, copy.sampler, provenance, _copy=copy)
+        self.live[index] = published
+        return published
+
+    def _publish_to_engine(self, index: int, engine: RolloutEngine) -> PolicyVersion:
+        tensors = {n: t.detach().clone() for n, t in self.trainer.trainable_state().items()}
+        version = trained_version(self.trainer, tensors)
+        if self.keeper is not None:
+            self.keeper.keep(version, tensors, step=index)
+        assert self.engine_dir is not None, "an engine needs a folder for the adapters it loads"
+        folder = self.engine_dir / version.replace(":", "-")
+        if not folder.exists():
+            scratch = folder.with_name(folder.name + ".partial")
+            shutil.rmtree(scratch, ignore_errors=True)
+            self.trainer.save_adapter(scratch)
+            scratch.rename(folder)
+        sampler = engine.publish(version, folder, version)
+        provenance = Provenance(self.loaded.base_hash, None, self.template_hash, sampler.info())
+        published = PolicyVersion(index, version, tensors, sampler, provenance)
         self.live[index] = published
         return published
 
@@ -136,6 +165,8 @@ class PolicyVersions:
         for old in [v for i, v in self.live.items() if i < index and v.users == 0]:
             del self.live[old.index]
             self._ready.pop(old.index, None)
+            if self.engine is not None and all(v.version != old.version for v in self.live.values()):
+                self.engine.retire(old.version)
             if old._copy is not None:
                 self._spare.append(old._copy)
 

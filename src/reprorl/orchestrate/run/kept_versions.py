@@ -42,7 +42,8 @@ class GoneError(RecordError):
         self.by_design = by_design
 
 
-def _lines(record: RunRecord) -> dict[str, dict[str, object]]:
+def kept_lines(record: RunRecord) -> dict[str, dict[str, object]]:
+    """What the run kept of each version it sampled from (its first step, its tensors), by version."""
     return {
         str(line["policy_version"]): line
         for line in read_log(record.path / VERSIONS_FILE).records
@@ -56,7 +57,7 @@ class VersionKeeper:
     def __init__(self, record: RunRecord) -> None:
         self.record = record
         self.path: Path = record.path / VERSIONS_FILE
-        self._kept = set(_lines(record))
+        self._kept = set(kept_lines(record))
 
     def keep(self, version: str, tensors: dict[str, torch.Tensor], *, step: int) -> None:
         """Store `tensors` as `version` (their `kind:hash`), unless this run already has."""
@@ -76,7 +77,7 @@ class VersionKeeper:
 
 def kept_tensors(record: RunRecord, version: str) -> dict[str, torch.Tensor]:
     """The tensors of `version`, checked against its hash; `GoneError`, saying why, when they are gone."""
-    line = _lines(record).get(version)
+    line = kept_lines(record).get(version)
     if line is None:
         raise GoneError(f"run {record.run_id} kept no weights for {version} ({VERSIONS_FILE} has no entry)")
     address = line.get("tensors")

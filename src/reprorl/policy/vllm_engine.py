@@ -63,6 +63,7 @@ class RolloutEngine:
         self._replacing: dict[int, threading.Lock] = {s.index: threading.Lock() for s in self.servers}
         self.mismatches = 0
         self.replaced = 0
+        self.dropped: set[int] = set()  # attached servers that went down
         self._endpoints: dict[int, tuple[str, Endpoint]] = {}
         self.engine_version = ""
 
@@ -118,7 +119,10 @@ class RolloutEngine:
         """Send one completion request to the next server that answers; replace one that died."""
         failures: list[str] = []
         for _ in range(len(self.servers) + 1):
-            server = self.servers[next(self._turn) % len(self.servers)]
+            live = [s for s in self.servers if s.index not in self.dropped]
+            if not live:
+                break
+            server = live[next(self._turn) % len(live)]
             try:
                 reply = self._endpoint(server).post("/completions", body)
             except InferenceError as exc:
@@ -132,9 +136,8 @@ class RolloutEngine:
                 with self._lock:
                     self.mismatches += 1
                 self.on_event("vllm_version_mismatch", server=server.index, asked=body["model"], got=answered)
-                raise VersionMismatch(
-                    f"vLLM server {server.index} answered from {answered!r}, not {body['model']!r}"
-                )
+                asked = body["model"]
+                raise VersionMismatch(f"vLLM server {server.index} answered from {answered!r}, not {asked!r}")
             return reply
         raise InferenceError("no vLLM server could answer: " + "; ".join(failures)[:800])
 
@@ -154,18 +157,26 @@ class RolloutEngine:
         return found[1]
 
     def _on_live(self, server: VllmServer, act: Callable[[VllmServer], None]) -> None:
+        if server.index in self.dropped:
+            return
         try:
             act(server)
         except InferenceError as exc:
             if server.healthy():
                 raise
             self._replace(server, str(exc))
-            act(server)
+            if server.index not in self.dropped:
+                act(server)
 
     def _replace(self, server: VllmServer, why: str) -> None:
         """Start a dead server again (once, however many requests saw it die)."""
-        if not server.owned:
-            raise InferenceError(f"the vLLM server at {server.attached} is down ({why[:300]})")
+        if not server.owned:  # not reprorl's to restart: the others serve on
+            if server.index not in self.dropped:
+                self.dropped.add(server.index)
+                self.on_event(
+                    "vllm_server_dropped", server=server.index, url=server.attached, error=why[:500]
+                )
+            return
         with self._replacing[server.index]:
             if server.healthy():
                 return  # another request replaced it meanwhile

@@ -55,6 +55,11 @@ def test_a_run_warm_starts_trains_and_records_everything(
     (run_dir,) = [p for p in (tmp_path / "home" / "runs").iterdir() if not p.name.startswith(".")]
     record = RunRecord(store, run_dir.name)
     assert record.status()["status"] == "succeeded"
+    # Where training ran, and under what determinism, is on the record.
+    (device,) = [e for e in record.events().records if e.get("event") == "trainer_device"]
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert device["device"] == expected and device["master_dtype"] == "float32" and device["deterministic"]
+    assert device["compute_dtype"] == "bfloat16" and device["torch"] == torch.__version__
     metrics = record.metrics().records
     sft = [m for m in metrics if m.get("stage") == "sft"]
     assert len(sft) == 3 and sft[-1]["sft_loss"] < sft[0]["sft_loss"]  # the warm start learned

@@ -290,6 +290,11 @@ class LearningSpec(SpecModel):
     drop_zero_variance_groups: bool = Field(
         default=True, description="Skip groups whose rewards are all equal (no signal); counted."
     )
+    deterministic_cuda: bool = Field(
+        default=True,
+        description="On a GPU, deterministic kernels and a fixed cuBLAS workspace, so a run repeats bit "
+        "for bit (slower); False trades that for speed. CPU runs are deterministic either way.",
+    )
     sft_steps: int = Field(default=0, ge=0, description="SFT warm-start steps before RL.")
     sft_lr: float = Field(default=1e-3, gt=0.0, lt=1.0, description="Learning rate of the SFT warm start.")
     sft_batch_size: int = Field(default=8, ge=1, description="Demonstrations per SFT step.")

@@ -89,6 +89,28 @@ class Collated:
     targets: torch.Tensor  # [B, L-1]
     batch: TokenBatch
 
+    def to(self, device: torch.device) -> Collated:
+        """The same batch on `device` (itself, on the device it is already on)."""
+        if device.type == "cpu":
+            return self
+        b = self.batch
+
+        def moved(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device, non_blocking=True)
+
+        return Collated(
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
+            self.targets.to(device),
+            TokenBatch(
+                mask=b.mask.to(device),
+                behaviour_logprobs=b.behaviour_logprobs.to(device),
+                advantages=b.advantages.to(device),
+                reference_logprobs=moved(b.reference_logprobs),
+                proximal_logprobs=moved(b.proximal_logprobs),
+            ),
+        )
+
 
 def collate(data: Sequence[Datum], pad_id: int) -> Collated:
     """Right-pad to the longest sequence; position t predicts token t+1."""

@@ -13,6 +13,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 import torch
 from peft import PeftModel
@@ -24,6 +25,7 @@ from reprorl.algos.base import Loss, TokenBatch
 from reprorl.config.spec import LoraAdapter
 from reprorl.policy import LoadedModel, apply_lora_spec, save_adapter, save_model, tensors_hash, tree_hash
 from reprorl.trainer.data import Datum, collate
+from reprorl.trainer.device import pick_device
 
 # Rows sharing a shorter prefix than this are run whole: a separate pass would cost more than it saves.
 MIN_SHARED_PREFIX = 16
@@ -78,10 +80,14 @@ class LocalTrainer:
         micro_batch: int = 8,
         temperature: float = 1.0,
         autocast_bf16: bool = False,
+        device: torch.device | None = None,
     ) -> None:
+        self.device = device or pick_device()
+        cast(torch.nn.Module, model).to(self.device)  # in place; transformers' `to` hides torch's type
         self.model, self.tokenizer, self.base_hash = model, tokenizer, base_hash
         self.micro_batch, self.temperature = micro_batch, temperature
-        # bf16 matmuls (AMX / AVX-512 BF16 where the CPU has them) with float32 master weights.
+        # bf16 matmuls (tensor cores; AMX / AVX-512 BF16 where the CPU has them) with float32
+        # master weights.
         self.autocast_bf16 = autocast_bf16
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
@@ -104,6 +110,7 @@ class LocalTrainer:
         reference = copy.deepcopy(loaded.model).requires_grad_(False)
         loaded.model.requires_grad_(True)
         trainer = cls(loaded.model, loaded.tokenizer, base_hash=loaded.base_hash, **kwargs)  # type: ignore[arg-type]
+        cast(torch.nn.Module, reference).to(trainer.device)
         trainer.reference = reference
         return trainer
 
@@ -147,7 +154,7 @@ class LocalTrainer:
                 chunk = data[start : start + self.micro_batch]
                 logprobs, _, _ = self._logprobs(chunk, learned_only=learned_only)
                 for i, d in enumerate(chunk):
-                    out.append(logprobs[i, : len(d.input_ids) - 1])
+                    out.append(logprobs[i, : len(d.input_ids) - 1].cpu())
         return out
 
     def _logprobs(
@@ -159,7 +166,7 @@ class LocalTrainer:
         prompts and tool results need no logits, and [tokens x vocabulary] is most of the memory.
         Elsewhere the returned logprobs are 0.
         """
-        collated = collate(chunk, self.pad_id)
+        collated = collate(chunk, self.pad_id).to(self.device)
         model = self.model.get_base_model() if isinstance(self.model, PeftModel) else self.model
         keep = collated.batch.mask > 0 if learned_only else collated.attention_mask[:, 1:] > 0
         # The rows' common prefix (system prompt, tool schemas, a group's task) is run once and its
@@ -170,7 +177,7 @@ class LocalTrainer:
             first_kept = int(keep.any(dim=0).long().argmax()) if bool(keep.any()) else keep.shape[1]
             shared = min(_shared_prefix(ids), first_kept)
             shared = shared if shared >= MIN_SHARED_PREFIX else 0
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast_bf16):
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast_bf16):
             cache = None
             if shared:
                 cache = model.model(input_ids=ids[:1, :shared], use_cache=True).cache
@@ -179,7 +186,7 @@ class LocalTrainer:
             hidden = model.model(
                 input_ids=ids[:, shared:],
                 attention_mask=collated.attention_mask,
-                position_ids=torch.arange(shared, width)[None].expand(len(chunk), -1),
+                position_ids=torch.arange(shared, width, device=self.device)[None].expand(len(chunk), -1),
                 cache=cache,
                 use_cache=cache is not None,
             ).last_hidden_state
@@ -190,7 +197,9 @@ class LocalTrainer:
             with torch.no_grad():
                 total = float(-(rows.exp() * rows).sum())
         picked = rows.gather(-1, collated.targets[keep][:, None])[:, 0]
-        logprobs = torch.zeros(keep.shape, dtype=picked.dtype).masked_scatter(keep, picked)
+        logprobs = torch.zeros(keep.shape, dtype=picked.dtype, device=picked.device).masked_scatter(
+            keep, picked
+        )
         return logprobs, collated.batch, total
 
     def forward_backward(self, data: Sequence[Datum], loss: Loss) -> dict[str, float]:
@@ -242,8 +251,9 @@ class LocalTrainer:
         return {"grad_norm": float(norm), "lr": adam.lr}
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
-        """The trained tensors by parameter name (the adapter's, or every weight)."""
-        return {n: p.detach() for n, p in self.model.named_parameters() if p.requires_grad}
+        """The trained tensors by parameter name (the adapter's, or every weight), on the CPU (the
+        parameters themselves there; copies of them from a GPU)."""
+        return {n: p.detach().cpu() for n, p in self.model.named_parameters() if p.requires_grad}
 
     def save_state(self, directory: Path) -> None:
         """Write everything the next step depends on: trained weights, optimizer moments, RNG, step.

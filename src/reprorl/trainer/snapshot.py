@@ -35,7 +35,10 @@ class SamplingSnapshot:
         model = trainer.model
         trained_dtype = next(model.parameters()).dtype
         self.copied = (
-            always_copy or isinstance(model, PeftModel) or (dtype is not None and dtype != trained_dtype)
+            always_copy
+            or isinstance(model, PeftModel)
+            or (dtype is not None and dtype != trained_dtype)
+            or trainer.device.type != "cpu"
         )
         if self.copied:
             plain: Any = copy.deepcopy(model)
@@ -43,6 +46,7 @@ class SamplingSnapshot:
                 plain = plain.merge_and_unload()
             plain.requires_grad_(False)
             plain.train(False)
+            plain = plain.to("cpu")  # the local sampler decodes on the CPU, wherever training runs
             self.model: Any = plain.to(dtype) if dtype is not None else plain
         else:
             self.model = model

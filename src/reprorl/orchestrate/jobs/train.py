@@ -28,6 +28,7 @@ from reprorl.orchestrate.run.preflight import check_run_leakage, record_leakage
 from reprorl.orchestrate.run.setup import build_trainer
 from reprorl.store import RunRecord, Store
 from reprorl.trainer import LocalTrainer
+from reprorl.trainer.device import device_info, make_deterministic
 
 
 async def train_run(
@@ -56,6 +57,16 @@ async def train_run(
     try:
         loaded = load_run_base(store, spec)
         trainer = build_trainer(store, loaded, spec)
+        determinism = (
+            make_deterministic(trainer.device)
+            if spec.learning.deterministic_cuda
+            else {"deterministic": False}
+        )
+        record.event(
+            "trainer_device",
+            **device_info(trainer.device, autocast_bf16=trainer.autocast_bf16),
+            **determinism,
+        )
         ewma = ewma_of(make_loss(spec.learning), trainer)
         executor = RayExecutor(ray) if ray is not None else LocalExecutor()
         engine = open_engine(store, spec, record, loaded)

@@ -1,0 +1,73 @@
+"""The device a trainer runs on, the determinism settings it runs under, and what the record says of both.
+
+A trainer trains on CUDA when a GPU is there (bf16 autocast, float32 master weights) and on the CPU
+otherwise; `REPRORL_DEVICE=cpu` keeps it on the CPU beside a GPU. On CUDA, bit-reproducible runs
+need deterministic kernels and a fixed cuBLAS workspace (`CUBLAS_WORKSPACE_CONFIG`, read when cuBLAS
+starts, so it is set before the first CUDA matmul): `deterministic=True` asks for both, at a cost in
+speed the record names. CPU runs are deterministic for a fixed thread count without either.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from reprorl.errors import UserInputError
+
+DEVICE_ENV = "REPRORL_DEVICE"
+CUBLAS_WORKSPACE = ":4096:8"
+
+
+def pick_device() -> torch.device:
+    """CUDA when present (unless `REPRORL_DEVICE=cpu`), else the CPU."""
+    asked = os.environ.get(DEVICE_ENV, "").strip().lower()
+    if asked not in ("", "cpu", "cuda"):
+        raise UserInputError(f"{DEVICE_ENV}={asked!r}: use 'cpu' or 'cuda'")
+    if asked == "cuda" and not torch.cuda.is_available():
+        raise UserInputError(f"{DEVICE_ENV}=cuda but torch sees no CUDA device ({torch.__version__})")
+    if asked == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda")
+
+
+def make_deterministic(device: torch.device) -> dict[str, Any]:
+    """Deterministic kernels on CUDA (and the cuBLAS workspace they need); what was set."""
+    if device.type != "cuda":
+        return {"deterministic": True, "why": "CPU kernels are deterministic for a fixed thread count"}
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    return {
+        "deterministic": True,
+        "use_deterministic_algorithms": True,
+        "cublas_workspace_config": os.environ["CUBLAS_WORKSPACE_CONFIG"],
+        "cudnn_benchmark": False,
+        "cost": "deterministic kernels are slower (scatter/index ops, some attention backends)",
+    }
+
+
+def device_info(device: torch.device, *, autocast_bf16: bool) -> dict[str, Any]:
+    """What the run record says of where training ran."""
+    info: dict[str, Any] = {
+        "device": device.type,
+        "master_dtype": "float32",
+        "compute_dtype": "bfloat16" if autocast_bf16 else "float32",
+        "torch": torch.__version__,
+    }
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        major, minor = torch.cuda.get_device_capability(index)
+        info |= {
+            "gpu": torch.cuda.get_device_name(index),
+            "capability": f"{major}.{minor}",
+            "gpu_memory_bytes": torch.cuda.get_device_properties(index).total_memory,
+            "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version(),  # type: ignore[no-untyped-call]
+            "gpu_count": torch.cuda.device_count(),
+        }
+    else:
+        info["threads"] = torch.get_num_threads()
+    return info

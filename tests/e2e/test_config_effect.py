@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from reprorl.cli.main import main
 from reprorl.config import RunSpec
+from reprorl.config.engine import VllmEngine
 from reprorl.config.load import stored_spec
 from reprorl.orchestrate.run.effective import EFFECTIVE_FILE, LABELS, disagreements
 from reprorl.policy import save_model, tiny_model
@@ -61,6 +62,13 @@ REFUSED = {
 # Fields a variant cannot set beside another it sets, covered where named.
 ELSEWHERE = {
     "agent.command": "exclusive with agent.callable (the agent variant); command agents: test_agent_proxy.py",
+    "learning.deterministic_cuda": "takes effect on CUDA only; the trainer_device event records it "
+    "(test_train_run.py, tests/unit/trainer/test_device.py)",
+    **{
+        f"model.vllm.{name}": "needs vLLM servers: tests/vllm_engine (make test-vllm), "
+        "tests/unit/policy/test_vllm_engine.py"
+        for name in VllmEngine.model_fields
+    },
 }
 
 # Each variant changes a set of fields that can go together; every other field keeps BASE's value.

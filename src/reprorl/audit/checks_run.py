@@ -268,6 +268,11 @@ def recreate(f: RunFacts) -> Finding:
                 "so no bit-exact replay"
             )
         elif f.rollouts is not None:
+            if spec.model.vllm is not None:
+                out.note(
+                    "sampled by vLLM, which does not report its batches: the replay takes each "
+                    "rollout's tokens from the record and checks tools, verifier and reward"
+                )
             replay_sample(f, out, spec.seed)
     env = info.get("environment")
     if not isinstance(env, dict):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 
 from reprorl.config import RunSpec
+from reprorl.errors import UserInputError
 from reprorl.orchestrate.run.judge_reward import check_judge, record_judge
 from reprorl.orchestrate.run.launch import create_run
 from reprorl.orchestrate.run.policies import chat_template_text, open_policy
@@ -25,6 +26,12 @@ async def sample_run(store: Store, spec: RunSpec, *, steps: int, show_progress: 
     tasks = load_taskset(store, str(spec.data.train)).split(Split.TRAIN)
     if not tasks:
         raise ValueError(f"data.train: {spec.data.train} has no train-split tasks")
+    if spec.model.vllm is not None:
+        raise UserInputError(
+            "model.vllm is a training run's rollout engine; `reprorl sample` samples in this process "
+            "or through model.inference (a vLLM server's URL and model name)",
+            field="model.vllm",
+        )
     init = spec.model.init_adapter
     opened = open_policy(
         store,

@@ -109,6 +109,7 @@ class TrainLoop:
         self.keeper = VersionKeeper(record)  # every version sampled from, so each rollout replays
         self.budget = BudgetMeter(spec.budget)  # what was spent; `run()` reads it from the record
         pipeline = learning.pipeline
+        self.engine = engine
         self.versions = PolicyVersions(
             trainer,
             loaded,

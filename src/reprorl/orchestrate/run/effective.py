@@ -28,6 +28,7 @@ from reprorl.orchestrate.run.budget import BudgetMeter
 from reprorl.orchestrate.run.guarding import LoopGuard
 from reprorl.policy import LoadedModel
 from reprorl.policy.digest import text_hash
+from reprorl.policy.vllm_engine import RolloutEngine
 from reprorl.refs import parse_ref
 from reprorl.rollout.runner import BARRIERS, RolloutRunner
 from reprorl.store import RunRecord
@@ -72,6 +73,7 @@ class TrainLoop(Protocol):
     train_version: str
     guard: LoopGuard | None
     budget: BudgetMeter
+    engine: RolloutEngine | None
 
     @property
     def suites(self) -> Sequence[_Suite]: ...
@@ -94,6 +96,7 @@ SETS = ("data.tool_permissions", "model.adapter.targets")
 CORRECTIONS = {NoCorrection: "none", MaskedIS: "mis", TruncatedIS: "tis"}
 # Learning fields the loop reads from its own spec where it uses them (no other component holds them).
 READ_BY_LOOP = (
+    "deterministic_cuda",  # read by the training job where it sets the trainer's kernels
     "advantage",
     "lr",
     "schedule",
@@ -125,6 +128,13 @@ def _adapter(loop: TrainLoop) -> dict[str, Any]:
     }
 
 
+def _engine(engine: RolloutEngine | None) -> dict[str, Any]:
+    """The vLLM engine's settings as the engine holds them (None: the run sampled in-process)."""
+    if engine is None:
+        return {"model.vllm": None}
+    return {f"model.vllm.{k}": v for k, v in engine.spec.model_dump(mode="json").items()}
+
+
 def _model(loop: TrainLoop) -> dict[str, Any]:
     tokenizer = loop.loaded.tokenizer
     return {
@@ -132,6 +142,7 @@ def _model(loop: TrainLoop) -> dict[str, Any]:
         "model.init_adapter": loop.trainer.init_adapter,
         **_adapter(loop),
         "model.inference": None,  # training refuses a remote server (it could not send it weights)
+        **_engine(loop.engine),
         "model.sampling_dtype": str(loop.dtype).removeprefix("torch."),
         "model.chat_template": (
             text_hash(tokenizer.chat_template) if loop.spec.model.chat_template is not None else None

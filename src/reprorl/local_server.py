@@ -30,8 +30,9 @@ class ServerStartError(Exception):
 
 
 class LocalServer:
-    """One child server: `start()` runs `argv` ("{port}" replaced by the port picked) until `health`
-    answers 200; `kill()` stops it and its children; `alive` says whether it still runs."""
+    """One child server: `start()` runs `argv` ("{port}" replaced by the port picked, "{host}" in it
+    and in `env` by `host`) until `health` answers 200; `kill()` stops it and its children; `alive`
+    says whether it still runs."""
 
     def __init__(
         self,
@@ -43,8 +44,10 @@ class LocalServer:
         startup_timeout_s: float = 60.0,
         log_dir: Path | None = None,
         keep_log: bool = False,
+        host: str = "127.0.0.1",
     ) -> None:
-        self.name, self.argv, self.env, self.health = name, tuple(argv), dict(env or {}), health
+        self.name, self.argv, self.health, self.host = name, tuple(argv), health, host
+        self.env = {k: v.replace("{host}", host) for k, v in (env or {}).items()}
         self.startup_timeout_s, self.log_dir, self.keep_log = startup_timeout_s, log_dir, keep_log
         self.process: subprocess.Popen[bytes] | None = None
         self.url: str | None = None
@@ -59,7 +62,7 @@ class LocalServer:
         """Start (or start again) and return the server's URL once it is healthy."""
         self.kill()
         port = free_port()
-        argv = [part.replace("{port}", str(port)) for part in self.argv]
+        argv = [part.replace("{port}", str(port)).replace("{host}", self.host) for part in self.argv]
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
         prefix = "reprorl-" + re.sub(r"[^A-Za-z0-9_]+", "-", self.name).strip("-").lower()
@@ -84,7 +87,7 @@ class LocalServer:
             os.close(handle)
         self.starts += 1
         _STARTED.append(self)
-        url = f"http://127.0.0.1:{port}"
+        url = f"http://{self.host}:{port}"
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -87,6 +87,8 @@ def test_the_earliest_and_the_last_steps_rollouts_replay_bit_for_bit(
     assert all(r["tokens"] > 0 for r in reports)
     (live,) = [cli.ok_json("replay", first[-1], "--mode", "live")]
     assert live["identical"], live
+    # Every recorded token was drawn again: the agreement a live replay reports is all of them.
+    assert live["agreement"] == 1.0 and live["tokens_agreed"] == live["tokens_compared"] == live["tokens"] > 0
 
 
 def test_replay_refuses_in_one_line_when_the_weights_are_gone_or_altered(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -74,6 +75,39 @@ def test_every_rollout_is_sampled_by_vllm_from_the_adapter_of_its_step(
     replayed = replay_recorded(record, 20)
     assert replayed["identical"] == 20, replayed
 
+    # Live: the run's engine starts again on its saved base, each turn's adapter (checked against
+    # the hash the run recorded) is asked anew with the recorded seed, and the rate is printed.
+    code, out, err = Cli(tmp_path / "home", capsys)(
+        "replay", "--mode", "live", "--run", record.run_id, "--random", "3"
+    )
+    assert code in (0, 1), err
+    each = re.findall(r"token agreement (\d+)/(\d+)", out)
+    assert len(each) == 4, out  # one per rollout, and the three together
+    agreed, compared = map(int, each[-1])
+    assert compared == sum(int(b) for _, b in each[:3]) and 0.5 * compared <= agreed <= compared, out
+    assert not vllm_children(record.path), "the replay's vLLM server outlived it"
+
+
+def test_full_fine_tuning_reloads_each_versions_weights_into_vllm(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record = train(
+        tmp_path, capsys, model={"vllm": ENGINE, "adapter": {"kind": "full"}}, learning={"steps": 2}
+    )
+    rollouts = list(RolloutStore(record).trajectories())
+    versions = {t.step: t.policy_version for t in rollouts if t.split == "train"}
+    assert sorted(versions) == [0, 1] and versions[0] != versions[1]  # the weights changed
+    assert all(v.startswith("weights:") for v in versions.values())
+    # Every rollout was answered by a server that had reloaded the weights of its version.
+    assert all(t.sampler["kind"] == "vllm" and t.sampler["weights"] == t.policy_version for t in rollouts)
+    reloaded = [e["weights"] for e in events(record, "engine_reloaded")]
+    assert reloaded[:2] == [versions[0], versions[1]]
+    # Only the weights served last are kept for the servers (a full model per step would pile up).
+    assert len(list((record.path / "engine" / "weights").iterdir())) == 1
+    steps = [m for m in record.metrics().records if m.get("stage") is None and "train/grad_norm" in m]
+    assert len(steps) == 2 and any(m["train/grad_norm"] > 0 for m in steps)
+    assert all(abs(m["train/mismatch_k3"]) < 1e-2 for m in steps if "train/mismatch_k3" in m)
+
 
 def replay_recorded(record: RunRecord, count: int) -> dict[str, Any]:
     """`replay --mode recorded` of `count` rollouts of the run (train and eval); what came out."""
@@ -88,30 +122,6 @@ def replay_recorded(record: RunRecord, count: int) -> dict[str, Any]:
 
     reports = asyncio.run(all_of())
     return {"identical": sum(r.identical for r in reports), "first": [r.first for r in reports if r.first]}
-
-
-def test_asynchronous_training_on_vllm_keeps_its_staleness_bound(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    pipeline = {"source": "arrival", "max_staleness": 2}
-    record = train(tmp_path, capsys, model={"vllm": ENGINE}, learning={"steps": 4, "pipeline": pipeline})
-    rollouts = [t for t in RolloutStore(record).trajectories("split = 'train' AND NOT retried")]
-    loaded = {e["adapter"] for e in events(record, "engine_loaded")}
-    assert rollouts and all(t.sampler["kind"] == "vllm" and t.policy_version in loaded for t in rollouts)
-    # Each group was trained within two updates of the version that sampled it: `batch_assembled`
-    # names, per step, each group taken and the version (update count) it was sampled from.
-    lags = {
-        g["group_id"]: e["step"] - g["version"]
-        for e in events(record, "batch_assembled")
-        for g in e["groups"]
-    }
-    assert {t.group_id for t in rollouts} == set(lags)
-    assert min(lags.values()) >= 0 and max(lags.values()) <= 2
-    assert max(lags.values()) >= 1  # and it was asynchronous: some group trained on an older version
-    steps = [m for m in record.metrics().records if m.get("stage") is None and "staleness_max" in m]
-    assert len(steps) == 4 and all(0 <= m["staleness_max"] <= 2 for m in steps)
-    # Versions beyond the window were unloaded: no server held more than it may.
-    assert all(len(e["served"]["0"]) <= 1 + 4 for e in events(record, "engine_loaded"))
 
 
 def vllm_children(run_folder: Path) -> list[int]:
@@ -129,9 +139,11 @@ def vllm_children(run_folder: Path) -> list[int]:
     return found
 
 
-def test_a_vllm_server_killed_mid_run_is_replaced_and_the_run_finishes(
+def test_asynchronous_training_on_vllm_keeps_its_bound_and_outlives_a_killed_server(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """One run for two promises (a vLLM start is a minute here): asynchronous training with
+    staleness 2 keeps its bound, and a server killed mid-run is replaced while the run goes on."""
     home = tmp_path / "home"
     killed: list[int] = []
 
@@ -148,7 +160,8 @@ def test_a_vllm_server_killed_mid_run_is_replaced_and_the_run_finishes(
 
     killer = threading.Thread(target=kill_after_first_step, daemon=True)
     killer.start()
-    record = train(tmp_path, capsys, model={"vllm": ENGINE}, learning={"steps": 4})
+    pipeline = {"source": "arrival", "max_staleness": 2}
+    record = train(tmp_path, capsys, model={"vllm": ENGINE}, learning={"steps": 4, "pipeline": pipeline})
     killer.join(5)
     assert killed, "the server was never killed"
     down, replaced = events(record, "vllm_server_down"), events(record, "vllm_server_replaced")
@@ -160,3 +173,56 @@ def test_a_vllm_server_killed_mid_run_is_replaced_and_the_run_finishes(
     assert sorted({t.step for t in rollouts}) == [0, 1, 2, 3]
     assert all(t.termination != "infra_error" for t in rollouts)
     assert record.status()["status"] == "succeeded"
+    check_staleness(record, steps=4, bound=2)
+
+
+def check_staleness(record: RunRecord, *, steps: int, bound: int) -> None:
+    rollouts = [t for t in RolloutStore(record).trajectories("split = 'train' AND NOT retried")]
+    loaded = {e["adapter"] for e in events(record, "engine_loaded")}
+    assert rollouts and all(t.sampler["kind"] == "vllm" and t.policy_version in loaded for t in rollouts)
+    # Each group was trained within `bound` updates of the version that sampled it: `batch_assembled`
+    # names, per step, each group taken and the version (update count) it was sampled from.
+    lags = {
+        g["group_id"]: e["step"] - g["version"]
+        for e in events(record, "batch_assembled")
+        for g in e["groups"]
+    }
+    assert {t.group_id for t in rollouts} == set(lags)
+    assert min(lags.values()) >= 0 and max(lags.values()) <= bound
+    assert max(lags.values()) >= 1  # and it was asynchronous: some group trained on an older version
+    lines = [m for m in record.metrics().records if m.get("stage") is None and "staleness_max" in m]
+    assert len(lines) == steps and all(0 <= m["staleness_max"] <= bound for m in lines)
+    # Versions beyond the window were unloaded: no server held more than it may.
+    assert all(len(e["served"].get("0", [])) <= 1 + bound + 2 for e in events(record, "engine_loaded"))
+
+
+def test_on_ray_the_servers_are_actors_and_the_rollout_workers_ask_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ray = pytest.importorskip("ray")
+    store = tiny_training_store(tmp_path)
+    (tmp_path / "spec.toml").write_text(tiny_spec("vllm-ray", model={"vllm": ENGINE}, learning={"steps": 2}))
+    try:
+        code, _, err = Cli(tmp_path / "home", capsys)("run", str(tmp_path / "spec.toml"), "--ray", "local")
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+    assert code == 0, err
+    (run_id,) = run_ids(tmp_path / "home")
+    record = find_run(store, run_id)
+    (trainer,) = events(record, "trainer_actor")
+    (workers,) = events(record, "rollout_workers")
+    (started,) = events(record, "engine_started")
+    # Three kinds of process, each placed by Ray: the trainer, a rollout worker, a vLLM server's actor.
+    (placed,) = started["placed"]
+    assert placed["node_id"] and placed["url"].startswith("http://127.0.0.1:")
+    pids = {trainer["pid"], placed["pid"], *(w["pid"] for w in workers["workers"])}
+    assert len(pids) == 3 and os.getpid() not in pids
+    # The worker sampled every rollout through the server, from the adapter of its step.
+    rollouts = list(RolloutStore(record).trajectories())
+    assert rollouts and all(
+        t.sampler["kind"] == "vllm" and t.sampler["model"] == t.policy_version for t in rollouts
+    )
+    assert {t.step for t in rollouts if t.split == "train"} == {0, 1}
+    assert len({t.policy_version for t in rollouts if t.split == "train"}) == 2
+    assert not vllm_children(record.path), "the server outlived its actor"

@@ -49,7 +49,10 @@ def replay(
     async def replay_all() -> list[Any]:
         return [await replayer.replay(i, mode=cast(Literal["recorded", "live"], mode)) for i in ids]
 
-    reports = asyncio.run(replay_all())
+    try:
+        reports = asyncio.run(replay_all())
+    finally:
+        replayer.close()
     if as_json:
         print_json(
             reports[0].to_json() if len(reports) == 1 and not sample else [r.to_json() for r in reports]
@@ -59,8 +62,10 @@ def replay(
             console.print(_line(report, mode))
         if len(reports) > 1:
             same = sum(r.identical for r in reports)
+            compared, agreed = sum(r.compared for r in reports), sum(r.agreed for r in reports)
             console.print(
                 f"{same}/{len(reports)} identical ({mode} replay, {replayer.batches_sampled} batches re-run)"
+                + (f"; {_agreement(agreed, compared)}" if mode == "live" and compared else "")
             )
     if not all(r.identical for r in reports):
         raise typer.Exit(1)
@@ -75,17 +80,22 @@ def _draw(store: Any, run: str, count: int, seed: int) -> list[str]:
     return random.Random(seed).sample(ids, min(count, len(ids)))
 
 
+def _agreement(agreed: int, compared: int) -> str:
+    return f"token agreement {agreed}/{compared} ({agreed / compared:.1%})"
+
+
 def _line(report: Any, mode: str) -> str:
+    rate = f"; {_agreement(report.agreed, report.compared)}" if mode == "live" and report.compared else ""
     if report.identical:
         checked = ", tool results, reward and termination" if mode == "live" else ""
         return (
             f"identical: {report.rollout_id}: {report.turns} turn(s), {report.tokens} tokens and their "
-            f"logprobs{checked} match the record ({mode} replay)"
+            f"logprobs{checked} match the record ({mode} replay){rate}"
         )
     first = report.first
     where = f" at turn {first.turn}" if first.turn is not None else ""
     at = f", position {first.index}" if first.index is not None else ""
     return (
         f"differs: {report.rollout_id}: first difference is the {first.where}{where}{at}: "
-        f"recorded {first.recorded!r}, replayed {first.replayed!r}"
+        f"recorded {first.recorded!r}, replayed {first.replayed!r}{rate}"
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from reprorl.config.base import SpecModel
@@ -17,6 +19,17 @@ class VllmEngine(SpecModel):
         "runtime LoRA updating allowed); none = reprorl starts `servers` of its own on 127.0.0.1.",
     )
     servers: int = Field(default=1, ge=1, le=64, description="Servers reprorl starts when `urls` is empty.")
+    host: Literal["127.0.0.1", "node"] = Field(
+        default="127.0.0.1",
+        description="Where the servers reprorl starts listen: 127.0.0.1 (their machine only), or, with "
+        "--ray, 'node': the address of the Ray node each is placed on, for a cluster of several nodes.",
+    )
+    gpus_per_server: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=64.0,
+        description="GPUs Ray gives each server it places (with --ray; the actor takes no CPU slot).",
+    )
     max_loras: int = Field(
         default=4, ge=1, le=64, description="Adapters a server holds at once; at least max_staleness + 2."
     )

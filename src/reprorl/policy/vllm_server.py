@@ -4,8 +4,9 @@ reprorl starts vLLM's OpenAI-compatible server (`python -m vllm.entrypoints.open
 works where the `vllm` command does not) from the interpreter `REPRORL_VLLM_PYTHON` names (`make
 vllm` builds one, `.venv-vllm`), on a folder holding the run's base model, with LoRA enabled and
 runtime adapter loading allowed, its internal queues on loopback. Adapters are loaded and unloaded
-by name through `/v1/load_lora_adapter` and `/v1/unload_lora_adapter`; `/version` and `/v1/models`
-say what the server is and holds.
+by name through `/v1/load_lora_adapter` and `/v1/unload_lora_adapter`; fully fine-tuned weights are
+reloaded in place through the development endpoint `/collective_rpc` (`reload_weights`); `/version`
+and `/v1/models` say what the server is and holds.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -45,9 +46,15 @@ def vllm_python() -> str:
 
 
 def server_args(
-    spec: VllmEngine, model_dir: Path, *, dtype: str, seed: int, lora_rank: int
+    spec: VllmEngine, model_dir: Path, *, dtype: str, seed: int, lora_rank: int | None
 ) -> tuple[list[str], dict[str, str]]:
-    """The argv ("{port}" for the port) and environment of a server reprorl starts."""
+    """The argv ("{port}" for the port) and environment of a server reprorl starts: with LoRA
+    (`lora_rank`), or, for full fine-tuning (None), with the reload endpoint that swaps its weights."""
+    lora = (
+        ["--enable-lora", "--max-lora-rank", str(max(8, lora_rank)), "--max-loras", str(spec.max_loras)]
+        if lora_rank is not None
+        else []
+    )
     argv = [
         vllm_python(),
         "-m",
@@ -57,14 +64,10 @@ def server_args(
         "--served-model-name",
         BASE_NAME,
         "--host",
-        "127.0.0.1",
+        "{host}",
         "--port",
         "{port}",
-        "--enable-lora",
-        "--max-lora-rank",
-        str(max(8, lora_rank)),
-        "--max-loras",
-        str(spec.max_loras),
+        *lora,
         "--dtype",
         dtype,
         "--max-model-len",
@@ -79,7 +82,7 @@ def server_args(
         *spec.extra_args,
     ]
     env = {
-        "VLLM_HOST_IP": "127.0.0.1",  # its engine's internal queues stay on loopback
+        "VLLM_HOST_IP": "{host}",  # its engine's internal queues stay on the address it serves
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
         "VLLM_CPU_KVCACHE_SPACE": str(spec.cpu_kv_cache_gib),
         "VLLM_NO_USAGE_STATS": "1",
@@ -87,6 +90,10 @@ def server_args(
     }
     if spec.batch_invariant:
         env["VLLM_BATCH_INVARIANT"] = "1"
+    if lora_rank is None:
+        # `/collective_rpc` (reload_weights) and `/reset_prefix_cache` are vLLM's development
+        # endpoints; the server listens on 127.0.0.1 only.
+        env["VLLM_SERVER_DEV_MODE"] = "1"
     return argv, env
 
 
@@ -96,34 +103,49 @@ def _cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
+class ServerProcess(Protocol):
+    """A server process reprorl owns: a child of this process (`LocalServer`) or one a Ray actor
+    runs on its node."""
+
+    url: str | None
+
+    @property
+    def alive(self) -> bool: ...
+
+    def start(self) -> str: ...
+
+    def kill(self) -> None: ...
+
+
+# Makes the process of server `index` from its argv and environment.
+Launch = Callable[[int, list[str], dict[str, str]], ServerProcess]
+
+
+def local_launch(startup_timeout_s: float, log_dir: Path | None) -> Launch:
+    """Servers as children of this process, on 127.0.0.1."""
+
+    def launch(index: int, argv: list[str], env: dict[str, str]) -> ServerProcess:
+        return LocalServer(
+            f"vLLM server {index}",
+            argv,
+            env=env,
+            startup_timeout_s=startup_timeout_s,
+            log_dir=log_dir,
+            keep_log=log_dir is not None,
+        )
+
+    return launch
+
+
 class VllmServer:
     """One server: `url` (its API base, `.../v1`), adapters by name, restart when reprorl owns it."""
 
-    def __init__(
-        self,
-        index: int,
-        *,
-        url: str | None = None,
-        argv: list[str] | None = None,
-        env: Mapping[str, str] | None = None,
-        startup_timeout_s: float = 600.0,
-        log_dir: Path | None = None,
-    ) -> None:
+    def __init__(self, index: int, *, url: str | None = None, process: ServerProcess | None = None) -> None:
         self.index = index
         self.attached = url
-        self.child = (
-            None
-            if argv is None
-            else LocalServer(
-                f"vLLM server {index}",
-                argv,
-                env=env,
-                startup_timeout_s=startup_timeout_s,
-                log_dir=log_dir,
-                keep_log=log_dir is not None,
-            )
-        )
+        self.child = process
         self.loaded: dict[str, Path] = {}  # adapter name -> the folder it was loaded from
+        self.weights: tuple[str, Path] | None = None  # full weights' version and folder, once reloaded
 
     @property
     def owned(self) -> bool:
@@ -152,6 +174,10 @@ class VllmServer:
             held, self.loaded = self.loaded, {}
             for name, folder in held.items():
                 self.load(name, folder)
+            if self.weights is not None:  # a fresh server holds the base: give it its weights again
+                version, folder = self.weights
+                self.weights = None
+                self.reload(version, folder)
         elif not self.healthy():
             raise InferenceError(f"vLLM server {self.index} at {self.attached} does not answer /health")
 
@@ -173,6 +199,15 @@ class VllmServer:
             return
         self._admin("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder)})
         self.loaded[name] = folder
+
+    def reload(self, version: str, folder: Path) -> None:
+        """Swap the served model's weights for those saved in `folder` (a full model, in place)."""
+        if self.weights is not None and self.weights[0] == version:
+            return
+        self.weights = None  # while reloading it holds neither the old weights nor the new for sure
+        self._admin("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}})
+        self._admin("/reset_prefix_cache", {})  # cached prefixes were computed by the old weights
+        self.weights = (version, folder)
 
     def unload(self, name: str) -> None:
         if self.loaded.pop(name, None) is not None:

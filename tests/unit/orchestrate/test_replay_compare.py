@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from reprorl.orchestrate.jobs.replay import ReplayReport, _compare_live, _compare_sample, run_of
+from reprorl.orchestrate.jobs.replay import run_of
+from reprorl.orchestrate.jobs.replay_compare import ReplayReport, compare_live, compare_sample
 from reprorl.policy.sampling import Sample
 from reprorl.types import Reward, Split, Termination, ToolOutcome, ToolResult, Trajectory, Turn
 
@@ -37,13 +38,14 @@ def _sample(tokens: tuple[int, ...], logprobs: tuple[float, ...]) -> Sample:
 
 def test_identical_samples_report_nothing() -> None:
     report = ReplayReport("x", "recorded")
-    _compare_sample(report, 0, _trajectory(), _sample((5, 6, 7), (-0.5, -0.25, -0.125)))
+    compare_sample(report, 0, _trajectory(), _sample((5, 6, 7), (-0.5, -0.25, -0.125)))
     assert report.identical and (report.turns, report.tokens) == (1, 3)
+    assert (report.compared, report.agreed, report.agreement) == (3, 3, 1.0)
 
 
 def test_the_first_differing_token_is_named() -> None:
     report = ReplayReport("x", "recorded")
-    _compare_sample(report, 0, _trajectory(), _sample((5, 9, 8), (-0.5, -0.25, -0.125)))
+    compare_sample(report, 0, _trajectory(), _sample((5, 9, 8), (-0.5, -0.25, -0.125)))
     first = report.first
     assert first is not None and (first.where, first.turn, first.index, first.recorded, first.replayed) == (
         "token",
@@ -52,15 +54,19 @@ def test_the_first_differing_token_is_named() -> None:
         6,
         9,
     )
+    # One of the three recorded tokens was drawn again before the first difference.
+    assert (report.compared, report.agreed) == (3, 1) and report.to_json()["agreement"] == 1 / 3
     shorter = ReplayReport("x", "recorded")
-    _compare_sample(shorter, 0, _trajectory(), _sample((5, 6), (-0.5, -0.25)))
+    compare_sample(shorter, 0, _trajectory(), _sample((5, 6), (-0.5, -0.25)))
     assert shorter.first is not None and (shorter.first.where, shorter.first.index) == ("token", 2)
+    assert (shorter.compared, shorter.agreed) == (3, 2)
+    assert ReplayReport("x", "live").agreement is None  # nothing compared is not "all agreed"
 
 
 def test_a_logprob_one_ulp_off_is_a_difference() -> None:
     report = ReplayReport("x", "recorded")
     off = math.nextafter(-0.25, 0.0)
-    _compare_sample(report, 0, _trajectory(), _sample((5, 6, 7), (-0.5, off, -0.125)))
+    compare_sample(report, 0, _trajectory(), _sample((5, 6, 7), (-0.5, off, -0.125)))
     assert report.first is not None and (report.first.where, report.first.index) == ("logprob", 1)
 
 
@@ -78,12 +84,12 @@ def test_live_differences_in_tools_reward_and_ending() -> None:
     }
     for where, live in cases.items():
         report = ReplayReport("x", "live")
-        _compare_live(report, recorded, live)
+        compare_live(report, recorded, live)
         assert [d.where for d in report.differences] == [where], where
     same = ReplayReport("x", "live")
     # Timings differ on every run and are not part of the comparison.
     timed = recorded.turns[0].model_copy(update={"tool_s": 9.0, "sample_s": 3.0})
-    _compare_live(same, recorded, _trajectory(turns=(timed,), wall_s=5.0))
+    compare_live(same, recorded, _trajectory(turns=(timed,), wall_s=5.0))
     assert same.identical
 
 

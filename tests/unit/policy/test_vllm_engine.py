@@ -18,17 +18,24 @@ import pytest
 from reprorl.config import validate_spec
 from reprorl.config.engine import VllmEngine
 from reprorl.errors import InferenceError, UserInputError
+from reprorl.local_server import LocalServer
 from reprorl.orchestrate.run.engine import check_engine
 from reprorl.policy.sampling import SampleRequest
 from reprorl.policy.vllm_engine import RolloutEngine, VersionMismatch
-from reprorl.policy.vllm_server import PYTHON_ENV, server_args
+from reprorl.policy.vllm_server import PYTHON_ENV, local_launch, server_args
 from reprorl.types import SamplingParams
 
 
 class Completions(BaseHTTPRequestHandler):
     answer_as: str | None = None  # the model the stand-in claims to have answered from
+    models_fail = False  # /v1/models answers 500, as a server dying between two calls would fail
 
     def do_GET(self) -> None:
+        if self.models_fail and self.path == "/v1/models":
+            self.send_response(500)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         self._send({"version": "stand-in"} if self.path == "/version" else {"data": []})
 
     def do_POST(self) -> None:
@@ -57,6 +64,7 @@ def stand_in() -> Iterator[ThreadingHTTPServer]:
     yield server
     server.shutdown()
     Completions.answer_as = None
+    Completions.models_fail = False
 
 
 def request() -> SampleRequest:
@@ -91,6 +99,39 @@ def test_an_answer_from_another_adapter_is_refused_and_counted(stand_in: Threadi
         "vllm_version_mismatch",
         {"server": 0, "asked": "adapter:sha256:aa", "got": "adapter:sha256:bb"},
     ) in events
+
+
+def test_full_weights_are_reloaded_and_only_a_server_holding_them_may_answer(
+    stand_in: ThreadingHTTPServer, tmp_path: Path
+) -> None:
+    events: list[tuple[str, dict[str, Any]]] = []
+    engine = attached(f"http://127.0.0.1:{stand_in.server_port}/v1", events)
+    first = engine.publish_weights("weights:sha256:aa", tmp_path / "aa", folder_hash="sha256:f1")
+    (sample,) = first.sample([request()])
+    assert sample.policy_version == "weights:sha256:aa" and first.info()["weights"] == "weights:sha256:aa"
+    assert engine.servers[0].weights == ("weights:sha256:aa", tmp_path / "aa")
+    assert (
+        "engine_reloaded",
+        {"weights": "weights:sha256:aa", "folder_hash": "sha256:f1", "served": {"0": []}},
+    ) in events
+    engine.publish_weights("weights:sha256:bb", tmp_path / "bb")
+    # The server now holds bb: a request for aa's weights is refused before it is sent.
+    with pytest.raises(VersionMismatch, match="answered from 'weights:sha256:bb', not 'weights:sha256:aa'"):
+        first.sample([request()])
+    assert engine.mismatches == 1
+
+
+def test_a_server_that_cannot_say_what_it_holds_is_recorded_so_and_the_load_stands(
+    stand_in: ThreadingHTTPServer,
+) -> None:
+    events: list[tuple[str, dict[str, Any]]] = []
+    engine = attached(f"http://127.0.0.1:{stand_in.server_port}/v1", events)
+    Completions.models_fail = True
+    sampler = engine.publish("adapter:sha256:aa", Path("/adapters/aa"), "adapter:sha256:aa")
+    ((kind, fields),) = events
+    assert kind == "engine_loaded" and fields["served"] == {} and "500" in fields["unreachable"]["0"]
+    (sample,) = sampler.sample([request()])  # the report failed, not the server: it still answers
+    assert sample.policy_version == "adapter:sha256:aa"
 
 
 def test_an_attached_server_that_is_down_is_the_platforms_failure() -> None:
@@ -135,15 +176,22 @@ def test_the_servers_reprorl_starts_get_the_flags_the_spec_asks_for(
         for i, f in enumerate(rest)
         if f.startswith("--")
     }
-    assert flags["--model"] == str(tmp_path / "base") and flags["--host"] == "127.0.0.1"
+    assert flags["--model"] == str(tmp_path / "base") and flags["--host"] == "{host}"
     assert flags["--max-loras"] == "5" and flags["--max-lora-rank"] == "32" and flags["--seed"] == "11"
     assert flags["--dtype"] == "bfloat16" and "--enable-lora" in argv and argv[-1] == "--enforce-eager"
     assert env["VLLM_BATCH_INVARIANT"] == "1" and env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
-    assert env["VLLM_HOST_IP"] == "127.0.0.1"
+    # The address goes in where the server starts: loopback unless a Ray node's is asked for.
+    child = local_launch(60, None)(0, argv, env)
+    assert env["VLLM_HOST_IP"] == "{host}" and isinstance(child, LocalServer)
+    assert child.env["VLLM_HOST_IP"] == "127.0.0.1" and child.host == "127.0.0.1"
     assert (
         "VLLM_BATCH_INVARIANT"
         not in server_args(VllmEngine(), tmp_path, dtype="float32", seed=0, lora_rank=4)[1]
     )
+    assert "VLLM_SERVER_DEV_MODE" not in env  # a LoRA run needs no development endpoints
+    # Full fine-tuning: no LoRA, and the reload endpoint (/collective_rpc) is served.
+    argv, env = server_args(VllmEngine(), tmp_path, dtype="float32", seed=0, lora_rank=None)
+    assert "--enable-lora" not in argv and "--max-loras" not in argv and env["VLLM_SERVER_DEV_MODE"] == "1"
 
 
 SPEC = """
@@ -170,9 +218,10 @@ suites = ["sha256:{e}"]
 @pytest.mark.parametrize(
     ("adapter", "loras", "pipeline", "ray", "refused"),
     [
-        ('adapter = { kind = "full" }', 4, "", None, "full fine-tuning through vLLM is not supported"),
+        ('adapter = { kind = "full" }', 4, "pipeline = { max_staleness = 1 }", None, "max_staleness = 0"),
+        ('adapter = { kind = "full" }', 1, "pipeline = { max_staleness = 0 }", None, None),
         ("", 3, "pipeline = { max_staleness = 2 }", None, "model.vllm.max_loras = 3 cannot hold the 4"),
-        ("", 4, "", "local", "run it without --ray"),
+        ("", 4, "", "local", None),
         ("", 4, "pipeline = { max_staleness = 2 }", None, None),
     ],
 )
@@ -187,3 +236,12 @@ def test_specs_the_engine_cannot_serve_are_refused_naming_the_field(
         return
     with pytest.raises(UserInputError, match=refused):
         check_engine(spec, ray=ray)
+
+
+@pytest.mark.parametrize("field", ['host = "node"', "gpus_per_server = 1"])
+def test_placing_servers_on_ray_nodes_needs_ray(field: str) -> None:
+    text = SPEC.format(h="a" * 64, e="b" * 64, adapter="", loras=4, pipeline="")
+    spec = validate_spec(tomllib.loads(text.replace("max_loras = 4", f"max_loras = 4\n{field}")))
+    with pytest.raises(UserInputError, match="places servers on Ray nodes: run with --ray"):
+        check_engine(spec)
+    check_engine(spec, ray="local")

@@ -18,8 +18,7 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
 from reprorl.config import RunSpec
 from reprorl.config.load import stored_spec
@@ -27,6 +26,14 @@ from reprorl.envs.base import EnvConfig
 from reprorl.envs.sandbox import SandboxPool
 from reprorl.errors import NotFoundError, RecordError, UserInputError
 from reprorl.hashing import derive_seed
+from reprorl.orchestrate.jobs.replay_compare import (
+    Difference,
+    Mode,
+    ReplayReport,
+    compare_live,
+    compare_sample,
+)
+from reprorl.orchestrate.jobs.replay_engine import EngineReplays
 from reprorl.orchestrate.jobs.replay_policy import ReplayPolicies
 from reprorl.orchestrate.run.judge_reward import run_judge
 from reprorl.orchestrate.run.policies import OpenedPolicy
@@ -41,47 +48,7 @@ from reprorl.rollout.judging import judged
 from reprorl.rollout.model_policy import ModelPolicy
 from reprorl.store import RunRecord, Store, find_run
 from reprorl.store.rollout_query import RolloutStore
-from reprorl.types import Task, ToolResult, Trajectory, parse_sample_key, sample_key
-
-Mode = Literal["recorded", "live"]
-
-
-@dataclass(frozen=True)
-class Difference:
-    """The first place where the replay and the record disagree."""
-
-    where: str  # "token", "logprob", "context", "tool_result", "turns", "reward", "termination", "condition"
-    turn: int | None
-    index: int | None
-    recorded: Any
-    replayed: Any
-
-
-@dataclass
-class ReplayReport:
-    rollout_id: str
-    mode: Mode
-    turns: int = 0
-    tokens: int = 0
-    differences: list[Difference] = field(default_factory=list)
-
-    @property
-    def identical(self) -> bool:
-        return not self.differences
-
-    @property
-    def first(self) -> Difference | None:
-        return self.differences[0] if self.differences else None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "rollout_id": self.rollout_id,
-            "mode": self.mode,
-            "identical": self.identical,
-            "turns": self.turns,
-            "tokens": self.tokens,
-            "first_difference": asdict(self.first) if self.first else None,
-        }
+from reprorl.types import Task, Trajectory, parse_sample_key, sample_key
 
 
 def run_of(rollout_id: str) -> str:
@@ -126,64 +93,6 @@ class _Batches:
         return out
 
 
-def _compare_sample(report: ReplayReport, turn: int, recorded: Trajectory, sample: Sample) -> None:
-    expected = recorded.turns[turn].row(parse_sample_key(sample.key)[2])
-    if expected is None:
-        report.differences.append(Difference("turns", turn, None, None, sample.key))
-        return
-    report.turns += 1
-    report.tokens += len(sample.token_ids)
-    if expected.stop is not None:  # the agent's stop string cut it: what came after was never kept
-        sample = replace(
-            sample,
-            token_ids=sample.token_ids[: len(expected.token_ids)],
-            logprobs=sample.logprobs[: len(expected.token_ids)],
-        )
-    for i, (a, b) in enumerate(zip(expected.token_ids, sample.token_ids, strict=False)):
-        if a != b:
-            report.differences.append(Difference("token", turn, i, a, b))
-            return
-    if len(expected.token_ids) != len(sample.token_ids):
-        n = min(len(expected.token_ids), len(sample.token_ids))
-        report.differences.append(
-            Difference("token", turn, n, len(expected.token_ids), len(sample.token_ids))
-        )
-        return
-    for i, (x, y) in enumerate(zip(expected.logprobs, sample.logprobs, strict=False)):
-        if x != y:  # bit equality: both are the same float32 value widened to a double
-            report.differences.append(Difference("logprob", turn, i, x, y))
-            return
-
-
-def _results_key(results: Sequence[ToolResult]) -> list[tuple[Any, ...]]:
-    return [(r.name, r.outcome.value, r.content, r.error, r.noise, r.original_chars) for r in results]
-
-
-def _compare_live(report: ReplayReport, recorded: Trajectory, live: Trajectory) -> None:
-    for a, b in zip(recorded.turns, live.turns, strict=False):
-        if a.prompt_token_ids != b.prompt_token_ids:
-            report.differences.append(
-                Difference("context", a.index, None, len(a.prompt_token_ids), len(b.prompt_token_ids))
-            )
-        if _results_key(a.tool_results) != _results_key(b.tool_results):
-            report.differences.append(
-                Difference(
-                    "tool_result", a.index, None, _results_key(a.tool_results), _results_key(b.tool_results)
-                )
-            )
-    if len(recorded.turns) != len(live.turns):
-        report.differences.append(Difference("turns", None, None, len(recorded.turns), len(live.turns)))
-    ra, rb = recorded.reward, live.reward
-    if (ra and ra.model_dump()) != (rb and rb.model_dump()):
-        report.differences.append(
-            Difference("reward", None, None, ra and ra.model_dump(), rb and rb.model_dump())
-        )
-    if recorded.termination != live.termination:
-        report.differences.append(
-            Difference("termination", None, None, recorded.termination.value, live.termination.value)
-        )
-
-
 def find_task(store: Store, spec: RunSpec, target: Trajectory) -> Task:
     """The task the rollout ran, from the run's task sets, checked against the recorded hash."""
     refs = [str(spec.data.train), *(str(s) for s in spec.evaluation.suites)]
@@ -222,6 +131,11 @@ class Replayer:
         self._batches: OrderedDict[tuple[Any, ...], list[Sample]] = OrderedDict()
         self._cached_batches = cached_batches
         self.batches_sampled = 0
+        self.engines = EngineReplays()  # vLLM servers, for live replays of the rollouts they sampled
+
+    def close(self) -> None:
+        """Stop what the replays started (vLLM servers)."""
+        self.engines.close()
 
     def _run(self, run_id: str) -> tuple[RunRecord, RolloutStore, RunSpec]:
         if run_id not in self._runs:
@@ -269,7 +183,7 @@ class Replayer:
                 for row in turn.sampled_rows():
                     samples = await self._sample(opened_for(turn.index), batches.requests(row.batch))
                     own = sample_key(rollout_id, turn.index, row.choice)
-                    _compare_sample(report, turn.index, target, next(s for s in samples if s.key == own))
+                    compare_sample(report, turn.index, target, next(s for s in samples if s.key == own))
             return report
 
         async def submit(request: SampleRequest) -> tuple[Sample, float]:
@@ -279,24 +193,39 @@ class Replayer:
             samples = await self._sample(opened_for(turn), batches.requests(keys, own=request))
             sample = next(s for s in samples if s.key == request.key)
             if turn < len(target.turns):
-                _compare_sample(report, turn, target, sample)
+                compare_sample(report, turn, target, sample)
             return sample, 0.0
 
         live = await self._live(spec, target, opened_for(0).renderer, submit)
-        _compare_live(report, target, live)
+        compare_live(report, target, live)
         return report
 
     async def _engine_sampled(
         self, spec: RunSpec, target: Trajectory, rollout_id: str, record: RunRecord, mode: Mode
     ) -> ReplayReport:
-        """A rollout vLLM sampled: its recorded tokens stand in for the model (vLLM does not say how
-        it batched them, so they cannot be drawn again bit for bit), and the episode runs again on
-        them — tools, verifier and reward, each compared to the record."""
-        if mode != "recorded":
-            raise UserInputError(
-                f"rollout {rollout_id!r} was sampled by vLLM, which does not report its batches: replay "
-                "it with --mode recorded (its tokens from the record; tools, verifier and reward again)"
-            )
+        """A rollout vLLM sampled. vLLM does not say how it batched a request, so its tokens cannot
+        be drawn again bit for bit. Recorded mode: the recorded tokens stand in for the model and the
+        episode runs again on them (tools, verifier, reward compared to the record). Live mode: the
+        run's engine is started again with each turn's adapter, every turn is asked anew with its
+        recorded seed and parameters, and the report gives the share of recorded tokens drawn again
+        (turns whose context still matches the record) beside the first difference."""
+        version = target.turns[0].policy_version
+        renderer = self.policies.for_turn(record, spec, target, version).renderer
+        if mode == "live":
+            report = ReplayReport(rollout_id, mode)
+
+            async def asked(request: SampleRequest) -> tuple[Sample, float]:
+                _, index, _choice = parse_sample_key(request.key)
+                turn = target.turns[min(index, len(target.turns) - 1)]
+                sampler = await asyncio.to_thread(self.engines.sampler, record, spec, turn.policy_version)
+                (sample,) = await asyncio.to_thread(sampler.sample, [request])
+                if index < len(target.turns) and request.prompt_ids == target.context_ids(index):
+                    compare_sample(report, index, target, sample)
+                return sample, 0.0
+
+            live = await self._live(spec, target, renderer, asked)
+            compare_live(report, target, live)
+            return report
         report = ReplayReport(
             rollout_id, mode, len(target.turns), sum(len(t.token_ids) for t in target.turns)
         )
@@ -315,10 +244,8 @@ class Replayer:
                 policy_version=turn.policy_version,
             ), 0.0
 
-        version = target.turns[0].policy_version
-        renderer = self.policies.for_turn(record, spec, target, version).renderer
         live = await self._live(spec, target, renderer, recorded)
-        _compare_live(report, target, live)
+        compare_live(report, target, live)
         return report
 
     async def _live(
@@ -370,4 +297,8 @@ class Replayer:
 
 async def replay(store: Store, rollout_id: str, *, mode: Mode = "live") -> ReplayReport:
     """Replay one rollout (see `Replayer` to replay many)."""
-    return await Replayer(store).replay(rollout_id, mode=mode)
+    replayer = Replayer(store)
+    try:
+        return await replayer.replay(rollout_id, mode=mode)
+    finally:
+        replayer.close()

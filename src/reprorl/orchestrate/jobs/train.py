@@ -16,7 +16,8 @@ from reprorl.config import RunSpec
 from reprorl.errors import UserInputError
 from reprorl.orchestrate.pipeline.executors import LocalExecutor
 from reprorl.orchestrate.pipeline.loop import TrainLoop
-from reprorl.orchestrate.pipeline.ray_workers import RayExecutor
+from reprorl.orchestrate.pipeline.ray_engine import ray_launch
+from reprorl.orchestrate.pipeline.ray_workers import RayExecutor, connect_ray
 from reprorl.orchestrate.pipeline.steps import ewma_of, make_loss
 from reprorl.orchestrate.pipeline.timing import LiveTiming, RecordedTiming, Timing
 from reprorl.orchestrate.run.checkpoint import latest_checkpoint, rewind
@@ -69,7 +70,11 @@ async def train_run(
         )
         ewma = ewma_of(make_loss(spec.learning), trainer)
         executor = RayExecutor(ray) if ray is not None else LocalExecutor()
-        engine = open_engine(store, spec, record, loaded)
+        launch = None
+        if ray is not None and spec.model.vllm is not None and not spec.model.vllm.urls:
+            cluster = connect_ray(ray, spec.learning.pipeline.workers)
+            launch = ray_launch(cluster, spec.model.vllm, record.run_id, record.path / "engine" / "logs")
+        engine = open_engine(store, spec, record, loaded, launch=launch)
         loop = TrainLoop(
             store,
             spec,

@@ -31,6 +31,9 @@ from reprorl.orchestrate.run.policies import OpenedPolicy, load_run_base
 from reprorl.orchestrate.run.rollouts import runner_for
 from reprorl.orchestrate.run.setup import build_trainer
 from reprorl.policy.chat import ChatRenderer
+from reprorl.policy.sampling import Sampler
+from reprorl.policy.vllm_engine import EngineSampler, ServedVersion
+from reprorl.rollout.episode import Provenance
 from reprorl.rollout.runner import RolloutJob, RolloutResult, RolloutRunner
 from reprorl.store import RunRecord, Store
 from reprorl.types import Trajectory
@@ -57,6 +60,8 @@ class RolloutWorker:
         self.families = tuple(families)  # the driver's: the env families of the run's tasks
         self.versions: PolicyVersions | None = None
         self.runner: RolloutRunner | None = None
+        # With a rollout engine (vLLM): each version's sampler, asking the trainer's servers.
+        self.engine_samplers: dict[int, tuple[EngineSampler, Provenance]] = {}
 
     async def start(self) -> dict[str, Any]:
         spec = validate_spec(self.spec_data)
@@ -64,22 +69,39 @@ class RolloutWorker:
         loaded = load_run_base(store, spec)
         self.spec, self.loaded = spec, loaded
         self.renderer = ChatRenderer(loaded.tokenizer)
-        trainer = build_trainer(store, loaded, spec)  # the trained tensors' module layout, no optimizer
-        dtype = getattr(torch, spec.model.sampling_dtype)
-        self.versions = PolicyVersions(trainer, loaded, dtype, self.renderer.template_hash)
+        if spec.model.vllm is None:  # samples here: the trained tensors' module layout, no optimizer
+            trainer = build_trainer(store, loaded, spec)
+            dtype = getattr(torch, spec.model.sampling_dtype)
+            self.versions = PolicyVersions(trainer, loaded, dtype, self.renderer.template_hash)
         return {"host": socket.gethostname(), "pid": os.getpid(), "threads": torch.get_num_threads()}
 
     async def publish(self, index: int, tensors: dict[str, torch.Tensor]) -> str:
         assert self.versions is not None, "start() first"
         version = self.versions.publish(index, tensors)
-        if self.runner is None:
-            opened = OpenedPolicy(self.loaded, version.sampler, self.renderer, version.provenance)
-            runner = runner_for(opened, self.spec, self.run_id, Path(self.home), families=self.families)
-            self.runner = await runner.__aenter__()
+        await self._open_runner(version.sampler, version.provenance)
         return version.version
 
+    async def publish_served(self, index: int, served: ServedVersion) -> str:
+        """Version `index` as the trainer's vLLM servers serve it: requests go to them, by name."""
+        assert self.spec.model.vllm is not None
+        sampler = served.sampler(self.spec.model.vllm)
+        provenance = Provenance(self.loaded.base_hash, None, self.renderer.template_hash, sampler.info())
+        self.engine_samplers[index] = (sampler, provenance)
+        await self._open_runner(sampler, provenance)
+        return served.version
+
+    async def _open_runner(self, sampler: Sampler, provenance: Provenance) -> None:
+        if self.runner is None:
+            opened = OpenedPolicy(self.loaded, sampler, self.renderer, provenance)
+            runner = runner_for(opened, self.spec, self.run_id, Path(self.home), families=self.families)
+            self.runner = await runner.__aenter__()
+
     async def run(self, index: int, jobs: list[RolloutJob]) -> RolloutResult:
-        assert self.versions is not None and self.runner is not None, "publish a version first"
+        assert self.runner is not None, "publish a version first"
+        if index in self.engine_samplers:
+            sampler, provenance = self.engine_samplers[index]
+            return await self.runner.with_sampler(sampler, provenance).run(jobs)
+        assert self.versions is not None
         version = self.versions.live[index]
         version.users += 1  # a version being sampled from is never retired under the batch
         try:
@@ -90,6 +112,8 @@ class RolloutWorker:
     async def retire_below(self, index: int) -> None:
         if self.versions is not None:
             self.versions.retire_below(index)
+        for old in [i for i in self.engine_samplers if i < index]:
+            self.engine_samplers.pop(old)[0].close()
 
     async def stop(self) -> None:
         if self.runner is not None:
@@ -109,6 +133,10 @@ class RayBatches:
     async def publish(self, version: PolicyVersion) -> None:
         import ray
 
+        if isinstance(version.sampler, EngineSampler):  # the workers ask the servers: no tensors move
+            served = ServedVersion.of(version.sampler)
+            await self._each(lambda actor: actor.publish_served.remote(version.index, served))
+            return
         ref = ray.put(version.tensors)
         self.published[version.index] = ref
         await self._each(lambda actor: actor.publish.remote(version.index, ref))

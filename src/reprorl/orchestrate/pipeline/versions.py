@@ -10,7 +10,9 @@ stores for batches still to be sampled from it, and what a remote worker would r
 Copies are recycled: a version nothing will sample from again gives its copy back, so memory is
 bounded by the staleness bound, not by the run's length. With a rollout engine (vLLM) there are no
 copies here: a version is its adapter saved as a folder and loaded into the engine's servers under
-the version's name, and retiring it unloads it there.
+the version's name, and retiring it unloads it there. Fully fine-tuned weights are saved as a model
+folder the servers reload in place; a server holds one set, so such a run samples synchronously, and
+only the folder of the version served now is kept.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ import torch
 
 from reprorl.orchestrate.run.kept_versions import VersionKeeper
 from reprorl.policy import LoadedModel, tensors_hash
+from reprorl.policy.digest import tree_hash
 from reprorl.policy.sampling import LocalSampler, Sampler
-from reprorl.policy.vllm_engine import RolloutEngine
+from reprorl.policy.vllm_engine import RolloutEngine, adapter_dirname
 from reprorl.rollout.episode import Provenance
 from reprorl.trainer import LocalTrainer
 from reprorl.trainer.snapshot import SamplingSnapshot
@@ -56,6 +59,16 @@ def trained_version(trainer: LocalTrainer, tensors: dict[str, torch.Tensor] | No
     """The version string of trained tensors (the trainer's current ones by default)."""
     kind = "adapter" if trainer.trains_adapter else "weights"
     return f"{kind}:{tensors_hash(tensors if tensors is not None else trainer.trainable_state())}"
+
+
+def _save_once(trainer: LocalTrainer, folder: Path) -> None:
+    """What the trainer trained, saved as `folder` (atomically: a killed save leaves no folder)."""
+    if folder.exists():
+        return
+    scratch = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(scratch, ignore_errors=True)
+    trainer.save_adapter(scratch)
+    scratch.rename(folder)
 
 
 @contextmanager
@@ -136,17 +149,25 @@ class PolicyVersions:
         if self.keeper is not None:
             self.keeper.keep(version, tensors, step=index)
         assert self.engine_dir is not None, "an engine needs a folder for the adapters it loads"
-        folder = self.engine_dir / version.replace(":", "-")
-        if not folder.exists():
-            scratch = folder.with_name(folder.name + ".partial")
-            shutil.rmtree(scratch, ignore_errors=True)
-            self.trainer.save_adapter(scratch)
-            scratch.rename(folder)
-        sampler = engine.publish(version, folder, version)
+        if not self.trainer.trains_adapter:
+            sampler = self._publish_weights(version, engine, self.engine_dir.parent / "weights")
+        else:
+            folder = self.engine_dir / adapter_dirname(version)
+            _save_once(self.trainer, folder)
+            sampler = engine.publish(version, folder, version, folder_hash=tree_hash(folder))
         provenance = Provenance(self.loaded.base_hash, None, self.template_hash, sampler.info())
         published = PolicyVersion(index, version, tensors, sampler, provenance)
         self.live[index] = published
         return published
+
+    def _publish_weights(self, version: str, engine: RolloutEngine, root: Path) -> Sampler:
+        folder = root / adapter_dirname(version)
+        _save_once(self.trainer, folder)
+        sampler = engine.publish_weights(version, folder, folder_hash=tree_hash(folder))
+        for old in root.iterdir():  # nothing samples an older version again (no staleness here)
+            if old != folder:
+                shutil.rmtree(old, ignore_errors=True)
+        return sampler
 
     def open(self, index: int) -> None:
         """Let batches sample from version `index`."""

@@ -11,6 +11,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -88,24 +90,59 @@ def test_every_rollout_is_sampled_by_vllm_from_the_adapter_of_its_step(
     assert not vllm_children(record.path), "the replay's vLLM server outlived it"
 
 
-def test_full_fine_tuning_reloads_each_versions_weights_into_vllm(
+CLI = "import sys; from reprorl.cli.main import main; sys.exit(main(sys.argv[1:]))"
+
+
+def _killed_after_checkpoint(home: Path, spec: Path, step: int) -> str:
+    """Start `reprorl run spec` in a process of its own, SIGKILL it once the checkpoint of `step`
+    is on disk, and return the run's id."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CLI, "--home", str(home), "run", str(spec)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 600
+    while proc.poll() is None and time.monotonic() < deadline:
+        if any(home.glob(f"runs/*/checkpoints/step-{step:06d}")):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    (run_id,) = run_ids(home)
+    return run_id
+
+
+def test_full_fine_tuning_reloads_each_versions_weights_and_a_killed_run_resumes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    record = train(
-        tmp_path, capsys, model={"vllm": ENGINE, "adapter": {"kind": "full"}}, learning={"steps": 2}
-    )
-    rollouts = list(RolloutStore(record).trajectories())
+    store = tiny_training_store(tmp_path)
+    home = tmp_path / "home"
+    spec = tiny_spec("vllm-full", model={"vllm": ENGINE, "adapter": {"kind": "full"}}, learning={"steps": 3})
+    (tmp_path / "spec.toml").write_text(spec)
+    run_id = _killed_after_checkpoint(home, tmp_path / "spec.toml", 1)
+    record = find_run(store, run_id)
+    deadline = time.monotonic() + 30
+    while vllm_children(record.path) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not vllm_children(record.path), "the vLLM server outlived its killed run"
+    code, _, err = Cli(home, capsys)("run", "--resume", run_id)
+    assert code == 0, err
+    assert record.status()["status"] == "succeeded" and events(record, "resumed")
+    assert len(events(record, "engine_started")) == 2  # the resume started its own server
+    rollouts = list(RolloutStore(record).trajectories("NOT retried"))
     versions = {t.step: t.policy_version for t in rollouts if t.split == "train"}
-    assert sorted(versions) == [0, 1] and versions[0] != versions[1]  # the weights changed
+    assert sorted(versions) == [0, 1, 2] and len(set(versions.values())) == 3  # the weights changed
     assert all(v.startswith("weights:") for v in versions.values())
     # Every rollout was answered by a server that had reloaded the weights of its version.
     assert all(t.sampler["kind"] == "vllm" and t.sampler["weights"] == t.policy_version for t in rollouts)
-    reloaded = [e["weights"] for e in events(record, "engine_reloaded")]
-    assert reloaded[:2] == [versions[0], versions[1]]
+    reloaded = {e["weights"] for e in events(record, "engine_reloaded")}
+    assert set(versions.values()) <= reloaded
     # Only the weights served last are kept for the servers (a full model per step would pile up).
     assert len(list((record.path / "engine" / "weights").iterdir())) == 1
     steps = [m for m in record.metrics().records if m.get("stage") is None and "train/grad_norm" in m]
-    assert len(steps) == 2 and any(m["train/grad_norm"] > 0 for m in steps)
+    assert sorted(m["step"] for m in steps)[-1] == 2 and any(m["train/grad_norm"] > 0 for m in steps)
     assert all(abs(m["train/mismatch_k3"]) < 1e-2 for m in steps if "train/mismatch_k3" in m)
 
 

@@ -219,6 +219,7 @@ class Replayer:
                 turn = target.turns[min(index, len(target.turns) - 1)]
                 sampler = await asyncio.to_thread(self.engines.sampler, record, spec, turn.policy_version)
                 (sample,) = await asyncio.to_thread(sampler.sample, [request])
+                self.batches_sampled += 1  # vLLM is asked one request at a time: a batch of one
                 if index < len(target.turns) and request.prompt_ids == target.context_ids(index):
                     compare_sample(report, index, target, sample)
                 return sample, 0.0

@@ -54,6 +54,8 @@ _LAZY = {
     "HttpSampler": "reprorl.policy.http",
     "sequences": "reprorl.trainer.data",
     "export_adapter": "reprorl.orchestrate.jobs.export_adapter",
+    "DashboardServer": "reprorl.dashboard",
+    "create_dashboard": "reprorl.dashboard",
 }
 
 
@@ -118,6 +120,8 @@ __all__ = [  # noqa: RUF022 -- grouped by the story each name serves
     "AgentSpec",
     "EpisodeIds",
     "HttpSampler",
+    "DashboardServer",
+    "create_dashboard",
     "RolloutStore",
     "RunSpec",
     "SandboxPool",

@@ -47,6 +47,16 @@ class ParsedRef:
         return version if self.name is None else f"{self.name}@{version}"
 
 
+def check_name(name: str) -> str:
+    """An artifact name as the registry accepts it, or `RefError` saying what a name may hold."""
+    if not _NAME.fullmatch(name) or ".." in name.split("/"):
+        raise RefError(
+            f"{name[:140]!r} is not a valid artifact name (letters, digits, '.', '_', '-', '/'; "
+            "at most 128 characters, no '..' part)"
+        )
+    return name
+
+
 def parse_ref(text: str) -> ParsedRef:
     """Parse a reference or raise `RefError` saying what is wrong and how to write it."""
     text = text.strip()

@@ -9,10 +9,7 @@ selenium; without them it is skipped, unless REPRORL_REQUIRE_BROWSER=1 (CI) make
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import statistics
-import tempfile
 import time
 from collections.abc import Iterator
 from importlib import resources
@@ -20,25 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from browser_support import CHART_STATE, chromium
 from cli_support import Cli, tiny_training_store
 
 from reprorl.cli.main import main
 from reprorl.store import RunRecord, Store
 from reprorl.store.rollout_query import RolloutStore
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
-CHROMIUM_FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--window-size=1400,1800",
-)
 SPEC = """
 name = "reported"
 seed = 5
@@ -130,50 +115,10 @@ def test_report_of_a_training_run(trained: tuple[Path, str], capsys: pytest.Capt
     assert {s: statistics.fmean(v) for s, v in by_step.items()} == pytest.approx(logged)
 
 
-def _browser_missing() -> str | None:
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        return "selenium is not installed (pip install -e '.[dev]')"
-    for binary in (CHROMIUM, CHROMEDRIVER):
-        if not binary.is_file():
-            return f"{binary} is missing (apt-get install chromium chromium-driver)"
-    return None
-
-
 @pytest.fixture
 def browser() -> Iterator[Any]:
-    missing = _browser_missing()
-    if missing:
-        if os.environ.get("REPRORL_REQUIRE_BROWSER") == "1":
-            pytest.fail(f"REPRORL_REQUIRE_BROWSER=1 but {missing}")
-        pytest.skip(missing)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    profile = Path(tempfile.mkdtemp(prefix="reprorl-chromium-"))
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
-    try:
+    with chromium() as driver:
         yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
-
-
-CHART_STATE = """
-return Array.from(document.querySelectorAll('.plotly-graph-div')).map(div => ({
-  id: div.id,
-  drawn: div.classList.contains('js-plotly-plot'),
-  svgs: div.querySelectorAll('svg.main-svg').length,
-  traces: div.querySelectorAll('g.trace').length,
-  data: (div.data || []).length,
-}));
-"""
 
 
 def test_report_renders_in_headless_chromium(

@@ -16,7 +16,7 @@ os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 from reprorl.policy.digest import file_hash, tensors_hash, text_hash, tree_hash
 from reprorl.policy.gguf import BUNDLED_NAME, bundled_gguf, bundled_hash, load_gguf
 from reprorl.policy.heap import bound_heap
-from reprorl.policy.load import DEFAULT_BASE, default_cache_root, load_base
+from reprorl.policy.load import DEFAULT_BASE, default_cache_root, load_base, load_tokenizer
 from reprorl.policy.lora import (
     ATTENTION_PROJECTIONS,
     adapter_hash,
@@ -51,6 +51,7 @@ __all__ = [
     "load_base",
     "load_folder",
     "load_gguf",
+    "load_tokenizer",
     "save_adapter",
     "save_model",
     "tensors_hash",

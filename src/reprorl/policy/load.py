@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 import torch
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from reprorl.errors import UserInputError
 from reprorl.hashing import HASH_PREFIX
@@ -71,10 +72,41 @@ def _load_artifact(store: Store, ref: str, cache_root: Path, dtype: torch.dtype)
     if not store.blobs.is_tree(resolved.hash):
         gguf = store.blobs.path_of(resolved.hash, label=ref)
         return load_gguf(gguf, name=name, gguf_hash=resolved.hash, cache_root=cache_root, dtype=dtype)
-    folder = cache_root / resolved.hash.removeprefix(HASH_PREFIX) / "folder"
-    if not folder.is_dir() or tree_hash(folder) != resolved.hash:
+    folder = _exported_folder(store, ref, resolved.hash, cache_root)
+    return load_folder(folder, name=name, base_hash=resolved.hash, dtype=dtype)
+
+
+def _exported_folder(store: Store, ref: str, digest: str, cache_root: Path) -> Path:
+    """A stored model folder exported into the cache once, and again when the copy there changed."""
+    folder = cache_root / digest.removeprefix(HASH_PREFIX) / "folder"
+    if not folder.is_dir() or tree_hash(folder) != digest:
         folder.parent.mkdir(parents=True, exist_ok=True)
         if folder.exists():
             shutil.rmtree(folder)
         store.export(ref, folder)
-    return load_folder(folder, name=name, base_hash=resolved.hash, dtype=dtype)
+    return folder
+
+
+def load_tokenizer(
+    source: str | Path = DEFAULT_BASE, *, store: Store | None = None, cache_dir: Path | None = None
+) -> PreTrainedTokenizerBase:
+    """The tokenizer of a base model named as `load_base` takes it, without loading its weights."""
+    cache_root = Path(cache_dir) if cache_dir is not None else default_cache_root(store)
+    if source == BUNDLED_NAME:
+        return _gguf_tokenizer(bundled_gguf())
+    path = Path(source)
+    if path.is_dir():
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if path.is_file() and path.suffix == ".gguf":
+        return _gguf_tokenizer(path)
+    if store is not None and isinstance(source, str) and ("@" in source or source.startswith(HASH_PREFIX)):
+        resolved = store.resolve(source)
+        if not store.blobs.is_tree(resolved.hash):
+            return _gguf_tokenizer(store.blobs.path_of(resolved.hash, label=source))
+        folder = _exported_folder(store, source, resolved.hash, cache_root)
+        return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    raise UserInputError(f"{str(source)!r} names no tokenizer reprorl can read", field="model.base")
+
+
+def _gguf_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)

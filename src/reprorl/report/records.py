@@ -144,15 +144,19 @@ class RunView:
     def task(self, task_hash: str) -> Task | None:
         """A task of the run's pinned task sets by its content hash; None when it cannot be found."""
         if self._tasks is None:
-            self._tasks = {}
-            addresses = sorted(
-                {v for k, v in self.inputs.items() if k == "data.train" or k.startswith("evaluation.")}
-            )
-            for address in addresses:
-                try:
-                    data = self.store.blobs.get_bytes(address, label=address)
-                    taskset = TaskSet.from_jsonl(address, data, source=address)
-                except (ReprorlError, OSError, ValueError):
-                    continue  # the trajectory is still shown, without its prompt
-                self._tasks.update((t.content_hash, t) for t in taskset.tasks)
+            self._tasks = task_index(self.store, self.inputs)
         return self._tasks.get(task_hash)
+
+
+def task_index(store: Store, inputs: dict[str, str]) -> dict[str, Task]:
+    """Every task of a run's pinned train and eval task sets, by content hash (unreadable sets skipped)."""
+    tasks: dict[str, Task] = {}
+    addresses = sorted({v for k, v in inputs.items() if k == "data.train" or k.startswith("evaluation.")})
+    for address in addresses:
+        try:
+            data = store.blobs.get_bytes(address, label=address)
+            taskset = TaskSet.from_jsonl(address, data, source=address)
+        except (ReprorlError, OSError, ValueError):
+            continue  # the trajectory is still shown, without its prompt
+        tasks.update((t.content_hash, t) for t in taskset.tasks)
+    return tasks

@@ -277,6 +277,12 @@ class Registry:
                 (c, rel, run or None) for c, rel, run in sorted((r.child, r.relation, r.run_id) for r in rows)
             ]
 
+    def made_by_run(self, run_id: str) -> list[tuple[str, str, str]]:
+        """(child, parent, relation) of every lineage edge a run recorded."""
+        with self.session() as s:
+            rows = s.scalars(select(LineageRow).where(LineageRow.run_id == run_id))
+            return sorted((r.child, r.parent, r.relation) for r in rows)
+
     # -- runs ----------------------------------------------------------------------------------
 
     def add_run(self, entry: RunEntry, inputs: dict[str, str]) -> None:
@@ -312,6 +318,12 @@ class Registry:
         with self.session() as s:
             rows = s.scalars(select(RunArtifactRow).where(RunArtifactRow.run_id == run_id))
             return {r.role: r.hash for r in rows}
+
+    def runs_using(self, address: str) -> list[tuple[str, str]]:
+        """(run id, role) of every run that recorded `address` among its inputs or outputs."""
+        with self.session() as s:
+            rows = s.scalars(select(RunArtifactRow).where(RunArtifactRow.hash == address))
+            return sorted((r.run_id, r.role) for r in rows)
 
     def count(self) -> int:
         with self.session() as s:

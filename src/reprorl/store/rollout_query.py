@@ -101,14 +101,16 @@ class RolloutStore:
         *,
         columns: Sequence[str] | str | None = None,
         limit: int | None = None,
+        offset: int = 0,
     ) -> pa.Table:
         """Rows matching the SQL condition `where`, ordered by step and rollout id.
 
         `columns` defaults to every column but `record` (the full JSON); see docs/rollouts.md.
+        `offset` skips that many matching rows first (a page of a table).
         """
         selected = _columns(columns)
         sql = f"SELECT {', '.join(_quote(c) for c in selected)} FROM {VIEW}"
-        with self._run(sql, where, f"{ORDER}{_limit(limit)}") as result:
+        with self._run(sql, where, f"{ORDER}{_limit(limit)}{_offset(offset)}") as result:
             return result.to_arrow_table()
 
     def count(self, where: str | None = None) -> int:
@@ -280,6 +282,12 @@ def _limit(limit: int | None) -> str:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
         raise UserInputError(f"must be an integer >= 0, not {limit!r}", field="limit")
     return f" LIMIT {limit}"
+
+
+def _offset(offset: int) -> str:
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise UserInputError(f"must be an integer >= 0, not {offset!r}", field="offset")
+    return f" OFFSET {offset}" if offset else ""
 
 
 def _quote(name: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import secrets
 import shutil
 import threading
@@ -42,6 +43,10 @@ RunObserver = Callable[["RunRecord", LogName, dict[str, Any]], None]
 
 _observers: list[RunObserver] = []
 _observers_lock = threading.Lock()
+
+
+# What `new_run_id` makes; anything else named as a run id is refused before a path is built from it.
+RUN_ID_RE = re.compile(r"\d{8}T\d{12}Z-[0-9a-f]{6}")
 
 
 def new_run_id(now: datetime | None = None) -> str:
@@ -83,15 +88,26 @@ def read_log(path: Path) -> LogReadResult:
         return LogReadResult(records, bad)
     with path.open("rb") as handle:
         for number, raw in enumerate(handle, start=1):
-            try:
-                wrapped = json.loads(raw)
-                record = wrapped["rec"]
-                if sha256_hex(canonical_json(record, allow_nan=True).encode())[:16] != wrapped["sha"]:
-                    raise ValueError("checksum mismatch")
-                records.append(record)
-            except (ValueError, KeyError, TypeError):
+            record = parse_log_line(raw)
+            if record is None:
                 bad.append(number)
+            else:
+                records.append(record)
     return LogReadResult(records, bad)
+
+
+def parse_log_line(raw: bytes) -> dict[str, Any] | None:
+    """The record of one run-log line, or None when the line is torn or does not match its checksum."""
+    try:
+        wrapped = json.loads(raw)
+        record = wrapped["rec"]
+        if not isinstance(record, dict):
+            return None
+        if sha256_hex(canonical_json(record, allow_nan=True).encode())[:16] != wrapped["sha"]:
+            return None
+        return record
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 class RunRecord:

@@ -1,0 +1,161 @@
+"""What the dashboard reads: one store, opened once, and per run its logs and rollouts, read incrementally.
+
+A run's metrics and events logs are append-only, so each is read once and then only from where the
+last read stopped (`LogTail`); a line still being written waits for its newline. Rollout part files
+are verified once per inode, size and mtime by the run's `RolloutStore`, kept for the server's life.
+Nothing here writes to the store.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reprorl.dashboard.security import checked_run_id, inside, refuse
+from reprorl.errors import ReprorlError
+from reprorl.report.records import task_index
+from reprorl.store import RunRecord, Store, iter_runs
+from reprorl.store.rollout_query import RolloutStore
+from reprorl.store.runs import parse_log_line
+from reprorl.types import Task
+
+
+@dataclass
+class LogTail:
+    """An append-only run log read from where the last read stopped; a rewritten file is read again."""
+
+    path: Path
+    records: list[dict[str, Any]] = field(default_factory=list)
+    bad_lines: list[int] = field(default_factory=list)
+    lines: int = 0
+    _offset: int = 0
+    _inode: int | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def refresh(self) -> int:
+        """Read what was appended since the last call; returns how many new records."""
+        with self._lock:
+            try:
+                stat = self.path.stat()
+            except FileNotFoundError:
+                return 0
+            if stat.st_ino != self._inode or stat.st_size < self._offset:
+                self.records, self.bad_lines, self.lines, self._offset = [], [], 0, 0
+                self._inode = stat.st_ino
+            if stat.st_size == self._offset:
+                return 0
+            before = len(self.records)
+            with self.path.open("rb") as handle:
+                handle.seek(self._offset)
+                data = handle.read(stat.st_size - self._offset)
+            end = data.rfind(b"\n") + 1  # a line without its newline is still being written
+            for raw in data[:end].splitlines():
+                self.lines += 1
+                record = parse_log_line(raw)
+                if record is None:
+                    self.bad_lines.append(self.lines)
+                else:
+                    self.records.append(record)
+            self._offset += end
+            return len(self.records) - before
+
+
+@dataclass
+class RunCache:
+    """One run as the dashboard keeps it between requests."""
+
+    record: RunRecord
+    metrics: LogTail
+    events: LogTail
+    rollouts: RolloutStore
+    _tasks: dict[str, Task] | None = None
+
+    def refresh(self) -> int:
+        return self.metrics.refresh() + self.events.refresh()
+
+    def info(self) -> dict[str, Any]:
+        return _json(self.record.path / "run.json")
+
+    def spec(self) -> dict[str, Any]:
+        return _json(self.record.path / "spec.json")
+
+    def status(self) -> dict[str, Any]:
+        return _json(self.record.path / "status.json")
+
+    def train_lines(self) -> list[dict[str, Any]]:
+        return [
+            m
+            for m in self.metrics.records
+            if m.get("stage") in (None, "train") and isinstance(m.get("step"), int)
+        ]
+
+    def eval_lines(self) -> list[dict[str, Any]]:
+        return [
+            m for m in self.metrics.records if m.get("stage") == "eval" and isinstance(m.get("step"), int)
+        ]
+
+    def tasks(self, store: Store) -> dict[str, Task]:
+        if self._tasks is None:
+            inputs = self.info().get("inputs") or {}
+            self._tasks = task_index(store, {str(k): str(v) for k, v in inputs.items()})
+        return self._tasks
+
+
+class StoreReader:
+    """The dashboard's one view of a store: runs by id, each cached, nothing written."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._runs: dict[str, RunCache] = {}
+        self._lock = threading.Lock()
+
+    def run_ids(self) -> Iterator[str]:
+        return iter_runs(self.store)
+
+    def run(self, run_id: str) -> RunCache:
+        """A run by its exact id; refused (400) when it is not an id, 404 when there is none."""
+        checked_run_id(run_id)
+        path = inside(self.store.runs_dir, run_id)
+        with self._lock:
+            cached = self._runs.get(run_id)
+            if cached is None:
+                if not (path / "run.json").is_file():
+                    raise refuse("run", f"no run {run_id} in this store", status=404)
+                try:
+                    record = RunRecord(self.store, run_id)
+                except ReprorlError as exc:
+                    raise refuse("run", str(exc), status=404) from None
+                cached = RunCache(
+                    record,
+                    LogTail(path / "metrics.jsonl"),
+                    LogTail(path / "events.jsonl"),
+                    RolloutStore(record),
+                )
+                self._runs[run_id] = cached
+        cached.refresh()
+        return cached
+
+    def label(self, address: str) -> str:
+        """`name@vN` when the registry knows the hash, else the address itself."""
+        from reprorl.hashing import HASH_PREFIX
+
+        digest = address.rsplit("@", 1)[-1]
+        if digest.startswith(HASH_PREFIX) and self.store.has_registry():
+            try:
+                return self.store.registry.lookup(None, digest=digest.removeprefix(HASH_PREFIX)).label
+            except ReprorlError:
+                pass
+        return address
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            value = json.loads(handle.read())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}

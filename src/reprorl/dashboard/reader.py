@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,16 @@ class LogTail:
             return len(self.records) - before
 
 
+@dataclass(frozen=True)
+class Built:
+    """Something built from a run's records, the state of the records it saw, and what it cost."""
+
+    key: tuple[Any, ...]
+    value: Any
+    seconds: float
+    at: float
+
+
 @dataclass
 class RunCache:
     """One run as the dashboard keeps it between requests."""
@@ -73,6 +84,23 @@ class RunCache:
     events: LogTail
     rollouts: RolloutStore
     _tasks: dict[str, Task] | None = None
+    _built: dict[str, Built] = field(default_factory=dict)
+    _build_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def built(self, name: str, build: Callable[[], Any], *, patience: float = 5.0) -> Any:
+        """`build()`'s value, rebuilt only when the run's records changed since it was built, and then
+        not sooner than `patience` times its own build time after the last build: a large run that is
+        still writing costs a bounded share of the server, however often its page asks."""
+        key = (self.metrics.lines, self.events.lines, self.status().get("status"))
+        with self._build_lock:
+            last = self._built.get(name)
+            now = time.monotonic()
+            if last is not None and (last.key == key or now - last.at < patience * last.seconds):
+                return last.value
+            start = time.perf_counter()
+            value = build()
+            self._built[name] = Built(key, value, time.perf_counter() - start, time.monotonic())
+            return value
 
     def refresh(self) -> int:
         return self.metrics.refresh() + self.events.refresh()
@@ -111,7 +139,21 @@ class StoreReader:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._runs: dict[str, RunCache] = {}
+        self._decoders: dict[str, Callable[[int], str] | None] = {}
         self._lock = threading.Lock()
+
+    def decoder(self, base: str) -> Callable[[int], str] | None:
+        """Token id → text for a run's base model; None when its tokenizer cannot be read here."""
+        if base not in self._decoders:
+            from reprorl.policy import load_tokenizer  # torch and transformers load only when asked
+
+            try:
+                tokenizer = load_tokenizer(base, store=self.store)
+            except (ReprorlError, OSError, ValueError):
+                self._decoders[base] = None
+            else:
+                self._decoders[base] = lambda token: str(tokenizer.decode([token]))
+        return self._decoders[base]
 
     def run_ids(self) -> Iterator[str]:
         return iter_runs(self.store)

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import threading
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -224,24 +222,11 @@ def _termination(value: str) -> str:
     return f'<span class="{"good" if value == "answered" else "bad"}">{esc(value)}</span>'
 
 
-@functools.lru_cache(maxsize=8)
-def _decoder(base: str, home: str) -> Decode | None:
-    """Token id → text for a base model (None when its tokenizer cannot be read here)."""
-    from reprorl.policy import load_tokenizer
-    from reprorl.store import Store
-
-    try:
-        tokenizer = load_tokenizer(base, store=Store(Path(home)))
-    except (ReprorlError, OSError, ValueError):
-        return None
-    return lambda token: str(tokenizer.decode([token]))
-
-
 def decoder_for(request: Request, cache: RunCache) -> Decode | None:
     base = (cache.spec().get("model") or {}).get("base")
     if not isinstance(base, str) or not request.app.state.decode_tokens:
         return None
-    return _decoder(base, str(reader_of(request).store.root))
+    return reader_of(request).decoder(base)
 
 
 @router.get("/runs/{run_id}/rollout", response_class=HTMLResponse)

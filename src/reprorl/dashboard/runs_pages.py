@@ -246,28 +246,30 @@ def _section_json(built: Section) -> tuple[dict[str, Any], dict[str, Any]]:
     return {"key": built.key, "title": built.title, "html": html, "charts": list(figures)}, figures
 
 
-@router.get("/api/runs/{run_id}/sections")
-def api_sections(request: Request, run_id: str) -> dict[str, Any]:
-    reader = reader_of(request)
-    cache = reader.run(run_id)
+def built_sections(reader: StoreReader, cache: RunCache) -> dict[str, Any]:
+    """Every report section but the header (the page's head says it, live), with its figures."""
     view = RunView.load(reader.store, cache.record)
     sections, figures = [], {}
     for key, title, build in BUILDERS:
         if key == "header":
-            continue  # the page's own head says it, live
+            continue
         try:
             built = build(view)
         except (ReprorlError, OSError, ValueError, KeyError, TypeError) as exc:
-            built = Section(
-                key,
-                title,
-                (none_line(f"Could not be built from the records: {type(exc).__name__}: {exc}"),),
-                False,
-            )
+            why = f"Could not be built from the records: {type(exc).__name__}: {exc}"
+            built = Section(key, title, (none_line(why),), False)
         one, charts = _section_json(built)
         sections.append(one)
         figures.update(charts)
-    return {**snapshot(cache), "sections": sections, "figures": figures}
+    return {"sections": sections, "figures": figures}
+
+
+@router.get("/api/runs/{run_id}/sections")
+def api_sections(request: Request, run_id: str) -> dict[str, Any]:
+    reader = reader_of(request)
+    cache = reader.run(run_id)
+    built = cache.built("sections", lambda: built_sections(reader, cache))
+    return {**snapshot(cache), **built}
 
 
 @router.get("/api/runs/{run_id}/stream")

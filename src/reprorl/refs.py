@@ -68,7 +68,7 @@ def parse_ref(text: str) -> ParsedRef:
             " (reprorl spec resolve --pin-newest pins names to their newest hash)"
         )
     name, _, version = text.rpartition("@")
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise RefError(f"{name!r} is not a valid artifact name (letters, digits, '.', '_', '-', '/')")
     if not version:
         raise RefError(f"{text!r} has an empty version; write '{name}@vN' or '{name}@sha256:<hash>'")

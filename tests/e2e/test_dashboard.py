@@ -184,7 +184,7 @@ def test_dashboard_in_headless_chromium(runs: tuple[Path, dict[str, str]], brows
             lambda: browser.find_elements(By.CSS_SELECTOR, "#sec-prompt pre"), what="the prompt"
         )
         assert prompt[0].text.startswith(XSS)
-        assert browser.execute_script("return window.__xss === undefined")
+        assert browser.execute_script("return document.querySelectorAll('main script, main img').length") == 0
         assert browser.find_elements(By.CSS_SELECTOR, ".heat .tok")
         browser.find_element(By.ID, "replay").click()
         result = wait_for(

@@ -119,8 +119,15 @@ def test_off_loopback_every_request_needs_the_token(home: Path) -> None:
             assert first.status_code == 200
             cookie = first.headers["set-cookie"]
             assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
-            again = httpx.get(local + "/api/runs", cookies={"reprorl_dashboard": token}, timeout=10)
+            cookie_name = f"reprorl_dashboard_{server.access.port}"
+            assert cookie.startswith(f"{cookie_name}={token};")
+            again = httpx.get(local + "/api/runs", cookies={cookie_name: token}, timeout=10)
             assert again.status_code == 200 and again.json()[0]["run_id"] == run_id(home)
+            # A wrong token in the URL sets nothing, even beside a right one elsewhere.
+            auth = {"Authorization": f"Bearer {token}"}
+            mixed = httpx.get(local + "/?token=x%3BDomain%3Devil.example", headers=auth, timeout=10)
+            assert mixed.status_code == 200 and "set-cookie" not in mixed.headers
+            assert httpx.get(local + "/", cookies={"reprorl_dashboard": token}, timeout=10).status_code == 401
     finally:
         store.close()
 
@@ -134,6 +141,11 @@ def test_loopback_answers_only_loopback_hosts_and_no_cross_site_work(client: Tes
     target = f"/api/runs/{run}/replay?id={quote(run + '/r0001', safe='')}"
     forged = client.post(target)  # what a form on another site can send
     assert forged.status_code == 403 and "x-reprorl-request" in forged.text
+    # Another site's page may link here, but not fetch data or run a query in the user's name.
+    cross = {"sec-fetch-site": "cross-site", "sec-fetch-mode": "no-cors"}
+    assert client.get(f"/api/runs/{run}/rollouts", headers=cross).status_code == 403
+    linked = {"sec-fetch-site": "cross-site", "sec-fetch-mode": "navigate"}
+    assert client.get(f"/runs/{run}", headers=linked).status_code == 200
     headers = client.get("/").headers
     assert "script-src 'self'" in headers["content-security-policy"]
     assert "'unsafe-inline'" not in headers["content-security-policy"].split("script-src")[1].split(";")[0]
@@ -153,9 +165,9 @@ def test_no_path_parameter_escapes_the_store(client: TestClient, home: Path) -> 
         for value in HOSTILE:
             # Dots escaped too, so that the client sends `..` as it is instead of resolving it.
             encoded = (value if "%" in value else quote(value, safe="")).replace(".", "%2E")
-            url = _filled(route.path, encoded)
+            url = _filled(route.path, encoded) + "?id=x"  # the other parameters present: this one is checked
             reply = client.request(method, url, headers={"x-reprorl-request": "1"})
-            assert reply.status_code in (400, 404, 421), (url, reply.status_code, reply.text[:200])
+            assert reply.status_code in (400, 404), (url, reply.status_code, reply.text[:200])
             assert SECRET not in reply.text and "root:" not in reply.text, url
     # Parameters in the query that name records are held to the same rules.
     run = run_id(home)
@@ -171,8 +183,29 @@ def test_no_path_parameter_escapes_the_store(client: TestClient, home: Path) -> 
         reply = client.get(url)
         assert reply.status_code in (400, 404), (url, reply.status_code)
         assert SECRET not in reply.text, url
-    # A link planted in a run folder does not lead out of the store either.
     assert client.get("/static/..%2F..%2Fpyproject.toml").status_code in (400, 404)
+
+
+def test_a_link_in_the_store_does_not_lead_out_of_it(home: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "run.json").write_text(json.dumps({"name": SECRET}))
+    planted = home / "runs" / "20990101T000000000000Z-abcdef"
+    planted.symlink_to(outside, target_is_directory=True)
+    store = Store(home)
+    try:
+        client = TestClient(create_dashboard(store, decode_tokens=False), base_url="http://127.0.0.1")
+        for url in (
+            f"/runs/{planted.name}",
+            f"/api/runs/{planted.name}/rollouts",
+            f"/lineage?run={planted.name}",
+        ):
+            reply = client.get(url)
+            assert reply.status_code == 400 and "outside the store" in reply.text, (url, reply.text[:200])
+            assert SECRET not in reply.text
+    finally:
+        planted.unlink()
+        store.close()
 
 
 def test_record_text_is_shown_as_text(client: TestClient, home: Path) -> None:
@@ -184,14 +217,25 @@ def test_record_text_is_shown_as_text(client: TestClient, home: Path) -> None:
         f"/runs/{run}/rollouts",
         f"/runs/{run}/rollout?id={quote(run + '/r0001', safe='')}",
         f"/lineage?run={run}",
+        f"/api/runs/{run}/sections",  # the HTML the run page's script places
+        f"/compare?runs={run}",
+        "/artifacts",
+        "/artifacts?name=hostile",
     ]
     for url in pages:
-        html = client.get(url).text
+        reply = client.get(url)
+        assert reply.status_code == 200, (url, reply.status_code)
+        html = (
+            reply.text
+            if not url.startswith("/api/")
+            else "".join(x["html"] for x in reply.json()["sections"])
+        )
         assert "<script>window.__xss" not in html and 'onerror="alert' not in html, url
     detail = client.get(pages[3]).text
     assert escaped in detail  # the task prompt, readable as written
+    assert escaped in client.get("/").text  # the run's name
     # Every script the pages load comes from this origin; no page holds an inline script.
-    for url in pages:
+    for url in pages[:5]:
         html = client.get(url).text
         for tag in re.findall(r"<script\b[^>]*>", html):
             assert 'src="/static/' in tag or 'type="application/json"' in tag, (url, tag)
@@ -223,6 +267,20 @@ def test_sql_goes_through_the_locked_down_connection(client: TestClient, home: P
     assert client.get(f"/api/runs/{run}/rollouts", params={"family": "sql"}).json()["total"] == 0
 
 
+def test_a_query_that_runs_too_long_is_stopped_and_refused(home: Path) -> None:
+    store = Store(home)
+    try:
+        client = TestClient(create_dashboard(store, query_timeout_s=0.5), base_url="http://127.0.0.1")
+        run = run_id(home)
+        heavy = "(SELECT count(*) FROM range(100000000000)) > 0"
+        reply = client.get(f"/api/runs/{run}/rollouts", params={"where": heavy})
+        assert reply.status_code == 400, reply.text
+        assert reply.json()["error"] == "where: the query ran past its 0.5 s limit; narrow the condition"
+        assert client.get(f"/api/runs/{run}/rollouts").json()["total"] == 6  # and the next one runs
+    finally:
+        store.close()
+
+
 def test_bad_requests_get_one_line_naming_the_field(client: TestClient, home: Path) -> None:
     run = run_id(home)
     cases = {
@@ -233,7 +291,7 @@ def test_bad_requests_get_one_line_naming_the_field(client: TestClient, home: Pa
         "reward_min": {"reward_min": "nan"},
         "page": {"page": "0"},
     }
-    for field, params in cases.items():
+    for field, params in [*cases.items(), ("page", {"page": str(2**62)})]:  # past any table's last page
         reply = client.get(f"/api/runs/{run}/rollouts", params=params)
         assert reply.status_code == 400, (field, reply.status_code)
         error = reply.json()["error"]

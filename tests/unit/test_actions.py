@@ -54,6 +54,41 @@ def test_malformed_calls_are_parse_errors(text: str, needle: str) -> None:
     assert not action.is_final
 
 
+@pytest.mark.parametrize(
+    ("arguments", "needle"),
+    [
+        ('{"x": NaN}', "NaN is not a JSON number"),
+        ('{"x": Infinity}', "Infinity is not"),
+        ('{"x": -Infinity}', "-Infinity is not"),
+        ('{"x": [1, {"y": 1e400}]}', "too large"),
+        ('{"x": -1e999}', "too large"),
+        ('{"x": "\\ud800"}', "lone surrogate"),
+        ('{"\\udfff": 1}', "lone surrogate"),
+        ('{"x": ["ok", "\\udbff\\u0041"]}', "lone surrogate"),
+        ('{"x": 1, "x": 2}', "appears twice"),
+        ('{"a": {"b": 1, "b": 1}}', "appears twice"),
+        ('"{\\"x\\": NaN}"', "'arguments' is refused"),
+        ('"{\\"x\\": 1, \\"x\\": 2}"', "'arguments' is refused"),
+    ],
+)
+def test_what_the_record_could_not_hold_exactly_is_refused(arguments: str, needle: str) -> None:
+    action = parse_action(f'{OPEN}{{"name": "calc", "arguments": {arguments}}}{CLOSE}')
+    assert action.tool_calls == () and len(action.parse_errors) == 1
+    assert needle in action.parse_errors[0], action.parse_errors
+
+
+def test_a_key_given_twice_at_the_top_is_refused_and_a_name_must_end_where_it_ends() -> None:
+    twice = parse_action(f'{OPEN}{{"name": "ls", "name": "rm", "arguments": {{}}}}{CLOSE}')
+    assert twice.tool_calls == () and "appears twice" in twice.parse_errors[0]
+    for name in ("calc\n", "calc\r", "calc\u2028", " calc", "calc "):
+        action = parse_action(f"{OPEN}{json.dumps({'name': name, 'arguments': {}})}{CLOSE}")
+        assert action.tool_calls == () and "'name'" in action.parse_errors[0], name
+    exact = parse_action(render_call("calc", {"big": 10**30, "small": 1e-300, "text": "naïve ∑ 🙂"}))
+    (call,) = exact.tool_calls
+    assert call.arguments == {"big": 10**30, "small": 1e-300, "text": "naïve ∑ 🙂"}
+    assert json.loads(call.model_dump_json())["arguments"] == call.arguments  # the record is what ran
+
+
 def test_too_many_calls_are_cut_and_reported() -> None:
     action = parse_action(render_call("ls", {}) * (MAX_CALLS + 3))
     assert len(action.tool_calls) == MAX_CALLS

@@ -22,15 +22,22 @@ STATIC = {"dashboard.css": "text/css", "dashboard.js": "text/javascript"}
 
 
 def create_app(
-    store: Store, access: Access | None = None, *, poll_s: float = 1.0, decode_tokens: bool = True
+    store: Store,
+    access: Access | None = None,
+    *,
+    poll_s: float = 1.0,
+    decode_tokens: bool = True,
+    query_timeout_s: float = 10.0,
+    query_memory: str = "2GB",
 ) -> FastAPI:
     """The dashboard over `store`, answering only what `access` allows (default: loopback, no token).
 
     `poll_s` is how often a run's update stream looks at its logs; `decode_tokens` loads the base
-    model's tokenizer to show sampled tokens as text (token ids otherwise).
+    model's tokenizer to show sampled tokens as text (token ids otherwise); a rollout query that
+    runs past `query_timeout_s` or needs more than `query_memory` is stopped and refused.
     """
     app = FastAPI(title="reprorl dashboard", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.reader = StoreReader(store)
+    app.state.reader = StoreReader(store, query_timeout_s=query_timeout_s, query_memory=query_memory)
     app.state.poll_s = poll_s
     app.state.decode_tokens = decode_tokens
     for router in ROUTERS:

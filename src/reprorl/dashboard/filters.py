@@ -20,6 +20,7 @@ TOOL_FAILURES = tuple(o.value for o in ToolOutcome if o is not ToolOutcome.OK)
 SCORE_FAILURES = tuple(f.value for f in ScoreFailure)
 FAILURES = (*TOOL_FAILURES, *SCORE_FAILURES)
 MAX_PER_PAGE = 500
+MAX_PAGE = 1_000_000
 
 
 def literal(text: str) -> str:
@@ -55,8 +56,8 @@ class RolloutFilters:
                 raise refuse(name, "must be a finite number")
         if self.step is not None and self.step < 0:
             raise refuse("step", "must be >= 0")
-        if self.page < 1:
-            raise refuse("page", "must be >= 1")
+        if not 1 <= self.page <= MAX_PAGE:
+            raise refuse("page", f"must be between 1 and {MAX_PAGE:,}")
         if not 1 <= self.per_page <= MAX_PER_PAGE:
             raise refuse("per_page", f"must be between 1 and {MAX_PER_PAGE}")
 

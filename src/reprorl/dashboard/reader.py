@@ -95,7 +95,9 @@ class RunCache:
         with self._build_lock:
             last = self._built.get(name)
             now = time.monotonic()
-            if last is not None and (last.key == key or now - last.at < patience * last.seconds):
+            # A status change (the run ended) is always shown: the page says "final" after it.
+            waiting = last is not None and last.key[2] == key[2] and now - last.at < patience * last.seconds
+            if last is not None and (last.key == key or waiting):
                 return last.value
             start = time.perf_counter()
             value = build()
@@ -136,24 +138,33 @@ class RunCache:
 class StoreReader:
     """The dashboard's one view of a store: runs by id, each cached, nothing written."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(
+        self, store: Store, *, query_timeout_s: float | None = None, query_memory: str | None = None
+    ) -> None:
         self.store = store
+        self.query_timeout_s, self.query_memory = query_timeout_s, query_memory
         self._runs: dict[str, RunCache] = {}
         self._decoders: dict[str, Callable[[int], str] | None] = {}
         self._lock = threading.Lock()
+        self._decoder_lock = threading.Lock()
 
     def decoder(self, base: str) -> Callable[[int], str] | None:
-        """Token id → text for a run's base model; None when its tokenizer cannot be read here."""
-        if base not in self._decoders:
-            from reprorl.policy import load_tokenizer  # torch and transformers load only when asked
+        """Token id → text for a run's base model; None when its tokenizer cannot be read here.
 
-            try:
-                tokenizer = load_tokenizer(base, store=self.store)
-            except (ReprorlError, OSError, ValueError):
-                self._decoders[base] = None
-            else:
-                self._decoders[base] = lambda token: str(tokenizer.decode([token]))
-        return self._decoders[base]
+        The tokenizer is read from the model cache (`<store>/cache/models`), where a stored model
+        folder is exported once if it is not there yet, as training does; nothing else is written.
+        """
+        with self._decoder_lock:  # one load per base, however many pages ask at once
+            if base not in self._decoders:
+                from reprorl.policy import load_tokenizer  # torch and transformers load only when asked
+
+                try:
+                    tokenizer = load_tokenizer(base, store=self.store)
+                except Exception:
+                    self._decoders[base] = None
+                else:
+                    self._decoders[base] = lambda token: str(tokenizer.decode([token]))
+            return self._decoders[base]
 
     def run_ids(self) -> Iterator[str]:
         return iter_runs(self.store)
@@ -175,7 +186,7 @@ class StoreReader:
                     record,
                     LogTail(path / "metrics.jsonl"),
                     LogTail(path / "events.jsonl"),
-                    RolloutStore(record),
+                    RolloutStore(record, timeout_s=self.query_timeout_s, memory_limit=self.query_memory),
                 )
                 self._runs[run_id] = cached
         cached.refresh()

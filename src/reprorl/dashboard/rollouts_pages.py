@@ -262,8 +262,9 @@ def rollout_detail(request: Request, run_id: str, id: str) -> HTMLResponse:
 
 
 @router.post("/api/runs/{run_id}/replay")
-async def api_replay(request: Request, run_id: str, id: str, mode: str = "recorded") -> dict[str, Any]:
-    """Replay one rollout (one at a time per dashboard); the report names the first difference."""
+def api_replay(request: Request, run_id: str, id: str, mode: str = "recorded") -> dict[str, Any]:
+    """Replay one rollout (one at a time per dashboard, on a worker thread, never the event loop
+    that serves the live pages); the report names the first difference."""
     from reprorl.orchestrate.jobs.replay import Replayer, run_of
 
     reader = reader_of(request)
@@ -277,11 +278,13 @@ async def api_replay(request: Request, run_id: str, id: str, mode: str = "record
     try:
         replayer = Replayer(reader.store)
         try:
-            report = await asyncio.to_thread(lambda: asyncio.run(replayer.replay(id, mode=mode)))  # type: ignore[arg-type]
+            report = asyncio.run(replayer.replay(id, mode="live" if mode == "live" else "recorded"))
         finally:
             replayer.close()
     except NotFoundError:
         raise refuse("id", f"no rollout {id[:200]!r} in run {run_id}", status=404) from None
+    except UserInputError as exc:
+        raise refuse("id", str(exc)) from None
     except ReprorlError as exc:
         raise refuse("replay", str(exc), status=422) from None
     finally:

@@ -24,11 +24,12 @@ from reprorl.report.page import Section, esc, facts, none_line, table
 from reprorl.report.records import RunView
 from reprorl.report.render import BUILDERS
 from reprorl.report.tables import GUARD_EVENTS
-from reprorl.store.runs import FINAL_STATUSES
+from reprorl.store.runs import FINAL_STATUSES, LogReadResult
 
 router = APIRouter()
 STATUSES = ("created", "running", *sorted(FINAL_STATUSES))
 MAX_LISTED = 500
+STREAM_S = 60.0
 
 
 def reader_of(request: Request) -> StoreReader:
@@ -248,7 +249,15 @@ def _section_json(built: Section) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def built_sections(reader: StoreReader, cache: RunCache) -> dict[str, Any]:
     """Every report section but the header (the page's head says it, live), with its figures."""
-    view = RunView.load(reader.store, cache.record)
+    # The run's own rollout store and logs as the dashboard holds them: part files already verified
+    # stay verified, and the logs are not read again.
+    view = RunView.load(
+        reader.store,
+        cache.record,
+        rollouts=cache.rollouts,
+        metrics=LogReadResult(list(cache.metrics.records), list(cache.metrics.bad_lines)),
+        events=LogReadResult(list(cache.events.records), list(cache.events.bad_lines)),
+    )
     sections, figures = [], {}
     for key, title, build in BUILDERS:
         if key == "header":
@@ -282,7 +291,10 @@ async def api_stream(request: Request, run_id: str) -> StreamingResponse:
     async def updates() -> AsyncIterator[str]:
         last: dict[str, Any] | None = None
         quiet = 0.0
-        while not await request.is_disconnected():
+        # A stream ends after STREAM_S (the browser reconnects by itself), so that no open page holds
+        # the server's shutdown.
+        ends = asyncio.get_running_loop().time() + STREAM_S
+        while not await request.is_disconnected() and asyncio.get_running_loop().time() < ends:
             await asyncio.to_thread(cache.refresh)
             now = await asyncio.to_thread(snapshot, cache)
             if now != last:

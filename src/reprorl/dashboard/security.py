@@ -19,10 +19,12 @@ from pathlib import Path
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from reprorl.errors import UserInputError
 from reprorl.store.runs import RUN_ID_RE
 
 TOKEN_COOKIE = "reprorl_dashboard"
 TOKEN_PARAM = "token"
+MIN_TOKEN_CHARS = 16
 WRITE_HEADER = "x-reprorl-request"
 LOOPBACK_NAMES = frozenset({"localhost"})
 # Only our own files: scripts and styles from this origin, plotly's injected styles, data URIs
@@ -38,6 +40,7 @@ HEADERS = (
     (b"referrer-policy", b"no-referrer"),
     (b"cache-control", b"no-store"),
 )
+_TOKEN = re.compile(rf"[A-Za-z0-9._~\-]{{{MIN_TOKEN_CHARS},512}}")
 _FORBIDDEN = re.compile(r"[\x00-\x1f\x7f\\]")
 
 
@@ -59,6 +62,14 @@ class Access:
     host: str = "127.0.0.1"
     port: int = 0
     token: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.token is not None and not _TOKEN.fullmatch(self.token):
+            raise UserInputError(
+                f"must be {MIN_TOKEN_CHARS} to 512 of A-Z a-z 0-9 . _ ~ - (it travels in a URL and a "
+                "cookie), or left out for a random one",
+                field="token",
+            )
 
     @classmethod
     def for_bind(cls, host: str, port: int, token: str | None = None) -> Access:
@@ -91,8 +102,11 @@ class AccessMiddleware:
         self.app, self.access = app, access
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] == "lifespan":
             await self.app(scope, receive, send)
+            return
+        if scope["type"] != "http":  # no route speaks websockets: nothing else gets past this point
+            await send({"type": "websocket.close", "code": 1008})
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         query = _query_token(scope.get("query_string", b"").decode("latin-1"))
@@ -101,36 +115,56 @@ class AccessMiddleware:
             status, text = refusal
             await _plain(send, status, text)
             return
-        set_cookie = query is not None and self.access.token is not None
+        # Only the right token in the URL sets the cookie, and the cookie holds our own copy of it.
+        set_cookie = query is not None and self.access.token is not None and self.access.token_ok(query)
+        started = False
 
         async def send_with_headers(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
-                extra = list(HEADERS)
+                started = True
+                present = {k.lower() for k, _ in message.get("headers", [])}
+                extra = [(k, v) for k, v in HEADERS if k not in present]
                 if set_cookie:
-                    cookie = f"{TOKEN_COOKIE}={query}; HttpOnly; SameSite=Strict; Path=/"
+                    cookie = f"{self.cookie}={self.access.token}; HttpOnly; SameSite=Strict; Path=/"
                     extra.append((b"set-cookie", cookie.encode("latin-1")))
                 message = {**message, "headers": [*message.get("headers", []), *extra]}
             await send(message)
 
-        await self.app(scope, receive, send_with_headers)
+        try:
+            await self.app(scope, receive, send_with_headers)
+        except Exception as exc:
+            # A bug answers with one line and the same headers as every other answer.
+            if started:
+                raise
+            await _plain(send, 500, f"internal error ({type(exc).__name__}): {' '.join(str(exc).split())}\n")
+
+    @property
+    def cookie(self) -> str:
+        """One cookie per port: two dashboards on one host keep their own tokens."""
+        return f"{TOKEN_COOKIE}_{self.access.port}"
 
     def _refusal(self, scope: Scope, headers: dict[str, str], query: str | None) -> tuple[int, str] | None:
         if not self.access.host_allowed(headers.get("host", "")):
             return 421, "this dashboard answers only requests addressed to a loopback host\n"
-        if not self.access.token_ok(_given_token(headers, query)):
+        if not self.access.token_ok(_given_token(headers, query, self.cookie)):
             return 401, "a token is required: open the URL the dashboard printed at start\n"
         if scope["method"] not in ("GET", "HEAD") and headers.get(WRITE_HEADER) != "1":
             return 403, f"a request that runs work needs the {WRITE_HEADER} header\n"
+        # A page on another site may link here (a navigation), but not make the browser fetch data
+        # or run queries in its name (an image, a script, a fetch).
+        if headers.get("sec-fetch-site") == "cross-site" and headers.get("sec-fetch-mode") != "navigate":
+            return 403, "cross-site requests are refused; open the dashboard's own pages\n"
         return None
 
 
-def _given_token(headers: dict[str, str], query: str | None) -> str | None:
+def _given_token(headers: dict[str, str], query: str | None, cookie: str) -> str | None:
     auth = headers.get("authorization", "")
     if auth.lower().startswith("bearer "):
         return auth[7:].strip()
     for part in headers.get("cookie", "").split(";"):
         name, _, value = part.strip().partition("=")
-        if name == TOKEN_COOKIE:
+        if name == cookie:
             return value
     return query
 

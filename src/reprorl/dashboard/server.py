@@ -32,6 +32,7 @@ def serve_dashboard(
     on_started: Callable[[str], None] | None = None,
 ) -> None:
     """Serve the dashboard until SIGINT or SIGTERM; `on_started` gets the URL to open."""
+    Access.for_bind(host, port, token)  # a bad token is refused before a port is taken
     sock = bind(host, port)
     try:
         access = Access.for_bind(host, sock.getsockname()[1], token)
@@ -56,6 +57,7 @@ class DashboardServer:
         poll_s: float = 1.0,
         decode_tokens: bool = True,
     ) -> None:
+        Access.for_bind(host, port, token)  # a bad token is refused before a port is taken
         self._sock = bind(host, port)
         self.access = Access.for_bind(host, self._sock.getsockname()[1], token)
         self.url = base_url(self._sock)

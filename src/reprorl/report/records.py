@@ -16,6 +16,7 @@ from reprorl.hashing import HASH_PREFIX
 from reprorl.store import RunRecord, Store
 from reprorl.store.documents import json_doc, plain_row
 from reprorl.store.rollout_query import RolloutStore
+from reprorl.store.runs import LogReadResult
 from reprorl.types import Task, TaskSet, Trajectory
 
 ROLLOUT_COLUMNS = (
@@ -61,7 +62,17 @@ class RunView:
     _tasks: dict[str, Task] | None = field(default=None, repr=False)
 
     @classmethod
-    def load(cls, store: Store, record: RunRecord) -> RunView:
+    def load(
+        cls,
+        store: Store,
+        record: RunRecord,
+        *,
+        rollouts: RolloutStore | None = None,
+        metrics: LogReadResult | None = None,
+        events: LogReadResult | None = None,
+    ) -> RunView:
+        """Read a run's records; a caller that holds the run's rollout store or logs already passes
+        them (its verified part files stay verified, its logs are not read again)."""
         info, info_error = json_doc(record.path / "run.json")
         spec, spec_error = json_doc(record.path / "spec.json")
         status, _ = json_doc(record.path / "status.json")
@@ -70,12 +81,13 @@ class RunView:
             record.verify()
         except (ReprorlError, OSError) as exc:
             integrity_error = str(exc)
-        metrics, events = record.metrics(), record.events()
-        rollouts, rollouts_error, reader = None, None, None
+        metrics = metrics if metrics is not None else record.metrics()
+        events = events if events is not None else record.events()
+        rows, rollouts_error, reader = None, None, rollouts
         try:
-            reader = RolloutStore(record)
+            reader = reader or RolloutStore(record)
             table = reader.query(columns=ROLLOUT_COLUMNS)
-            rollouts = [plain_row(row) for row in table.to_pylist()]
+            rows = [plain_row(row) for row in table.to_pylist()]
         except (ReprorlError, OSError) as exc:
             rollouts_error = str(exc)
         view = cls(
@@ -91,7 +103,7 @@ class RunView:
             metrics.bad_lines,
             events.records,
             events.bad_lines,
-            rollouts,
+            rows,
             rollouts_error,
             _reader=reader,
         )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -56,8 +57,13 @@ _USER_ERRORS = (
 class RolloutStore:
     """A run's rollouts as one SQL table: filter with a WHERE text, get Arrow tables or trajectories."""
 
-    def __init__(self, run: RunRecord | Path) -> None:
+    def __init__(
+        self, run: RunRecord | Path, *, timeout_s: float | None = None, memory_limit: str | None = None
+    ) -> None:
+        """`timeout_s` interrupts a query that runs longer (a server answering strangers sets it);
+        `memory_limit` (DuckDB's form, e.g. "1GB") bounds what one query may hold."""
         self.run_dir, self.run_id, _ = run_location(run)
+        self.timeout_s, self.memory_limit = timeout_s, memory_limit
         self._verified: dict[Path, tuple[_STAT, PartFile]] = {}
 
     # -- files ---------------------------------------------------------------------------------
@@ -162,6 +168,7 @@ class RolloutStore:
                 "autoload_known_extensions": False,
                 "temp_directory": "",  # no spilling to disk: a query never writes a file
                 "python_enable_replacements": False,  # a name in SQL never reaches a Python variable
+                **({"memory_limit": self.memory_limit} if self.memory_limit else {}),
             },
         )
         try:
@@ -187,7 +194,7 @@ class RolloutStore:
     def _run(self, head: str, where: str | None, tail: str) -> Iterator[duckdb.DuckDBPyConnection]:
         """Execute `head [WHERE (where)] tail` on a sandboxed connection, yield it for fetching."""
         where = (where or "").strip() or None
-        with self._connect() as con:
+        with self._connect() as con, _deadline(con, self.timeout_s):
             try:
                 if where is None:
                     result = con.execute(f"{head} {tail}")
@@ -198,6 +205,16 @@ class RolloutStore:
                     _check_single_condition(con, sql, f"{head} WHERE (TRUE) {tail}", ends_at)
                     result = con.execute(sql)
                 yield result  # inside the try: a streamed result can fail while it is fetched
+            except duckdb.InterruptException:
+                what = f"the query ran past its {self.timeout_s:g} s limit"
+                if where is None:
+                    raise RecordError(f"run {self.run_id}: {what}") from None
+                raise UserInputError(f"{what}; narrow the condition", field="where") from None
+            except duckdb.OutOfMemoryException:
+                what = f"the query needed more than its {self.memory_limit} memory limit"
+                if where is None:
+                    raise RecordError(f"run {self.run_id}: {what}") from None
+                raise UserInputError(f"{what}; narrow the condition", field="where") from None
             except _USER_ERRORS as exc:
                 if where is None:
                     raise self._failed(exc) from None
@@ -207,6 +224,21 @@ class RolloutStore:
 
     def _failed(self, exc: duckdb.Error) -> RecordError:
         return RecordError(f"run {self.run_id}: rollout query failed: {_first_line(exc)}")
+
+
+@contextlib.contextmanager
+def _deadline(con: duckdb.DuckDBPyConnection, seconds: float | None) -> Iterator[None]:
+    """Interrupt whatever `con` runs once `seconds` have passed (no limit when None)."""
+    if seconds is None:
+        yield
+        return
+    timer = threading.Timer(seconds, con.interrupt)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def _check_single_condition(con: duckdb.DuckDBPyConnection, sql: str, reference: str, ends_at: int) -> None:

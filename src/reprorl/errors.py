@@ -22,7 +22,16 @@ class UserInputError(ReprorlError, ValueError):
 
 
 class SpecError(UserInputError):
-    """A run spec that cannot be parsed or does not validate."""
+    """A run spec that cannot be parsed or does not validate; `problems` lists every one found, each a
+    line naming its field and the fix (the message is the first, naming the fields of the rest)."""
+
+    def __init__(self, message: str, *, field: str | None = None, more: tuple[str, ...] = ()) -> None:
+        first = f"{field}: {message}" if field else message
+        self.problems = (first, *more)
+        if more:
+            names = ", ".join(line.split(":", 1)[0] for line in more[:8]) + (", …" if len(more) > 8 else "")
+            message += f" (and {len(more)} more problem{'s' if len(more) > 1 else ''}: {names})"
+        super().__init__(message, field=field)
 
 
 class FloatingReferenceError(SpecError):

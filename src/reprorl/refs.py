@@ -62,6 +62,14 @@ def parse_ref(text: str) -> ParsedRef:
     text = text.strip()
     if is_full_hash(text):
         return ParsedRef(name=None, digest=text[len(HASH_PREFIX) :])
+    if text.startswith(HASH_PREFIX) and "@" not in text:
+        digest = text[len(HASH_PREFIX) :]
+        bad = sorted({c for c in digest if c not in "0123456789abcdef"})
+        what = f"holds {''.join(bad)[:20]!r}, not hex" if bad else f"has {len(digest)} hex digits"
+        raise RefError(
+            f"{text[:80]!r} is not a content hash: after 'sha256:' come exactly 64 lowercase hex digits "
+            f"(it {what}); or name the artifact, 'NAME@vN' (reprorl artifacts list shows both)"
+        )
     if "@" not in text:
         raise RefError(
             f"{text!r} has no version; write '{text or 'NAME'}@vN' or '{text or 'NAME'}@sha256:<hash>'"

@@ -178,6 +178,14 @@ def test_installed_entry_point_prints_one_line_and_exits_2(tmp_path: Path) -> No
     )
     assert done.returncode == 2
     assert done.stdout == ""
-    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: seed: ")
+    # Every problem on a line of its own: the bad seed first, then each missing section.
+    lines = done.stderr.splitlines()
+    assert lines[0].startswith("error: seed: ") and len(lines) == 5
+    assert [line.split(":", 2)[1].strip() for line in lines[1:]] == [
+        "model",
+        "data",
+        "learning",
+        "evaluation",
+    ]
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "home").exists()

@@ -24,7 +24,7 @@ from reprorl.audit.facts import (
 )
 from reprorl.audit.replayable import replay_sample
 from reprorl.config import iter_refs
-from reprorl.config.load import dotted
+from reprorl.config.limits import dotted
 from reprorl.errors import ReprorlError
 from reprorl.evaluation.leakage import check_leakage
 from reprorl.hashing import content_hash

@@ -9,7 +9,6 @@ import typer
 from reprorl.cli.context import options
 from reprorl.cli.output import console, print_json
 from reprorl.errors import UserInputError
-from reprorl.orchestrate.jobs.export_adapter import export_adapter
 from reprorl.sinks import export_run, parse_targets
 from reprorl.store import find_run
 
@@ -51,6 +50,8 @@ def export_adapter_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Export the run's adapter as a plain peft folder: AutoPeftModelForCausalLM.from_pretrained(OUT)."""
+    from reprorl.orchestrate.jobs.export_adapter import export_adapter  # torch loads only here
+
     exported = export_adapter(options(ctx).store(), run, out, copy_base=copy_base)
     if as_json:
         print_json(exported.to_json())

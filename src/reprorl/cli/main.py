@@ -24,7 +24,7 @@ from reprorl.cli import (
 )
 from reprorl.cli.context import Options
 from reprorl.cli.output import err_console, one_line
-from reprorl.errors import ReprorlError
+from reprorl.errors import ReprorlError, SpecError
 
 EXIT_ERROR = 2
 
@@ -83,6 +83,11 @@ def main(argv: list[str] | None = None) -> int:
         if not exc.format_message().strip():
             return 0  # no arguments: the help text was shown, nothing went wrong
         _report(_usage_message(exc), debug)
+        return EXIT_ERROR
+    except SpecError as exc:  # every problem of a spec, one line each
+        for line in exc.problems if len(exc.problems) > 1 else (str(exc),):
+            _report(line, debug)
+            debug = False  # one traceback is enough
         return EXIT_ERROR
     except ReprorlError as exc:
         _report(str(exc), debug)

@@ -10,7 +10,7 @@ import typer
 from reprorl.cli.context import options
 from reprorl.cli.output import console, print_json
 from reprorl.config import RunSpec, is_resolved, iter_refs, load_spec, resolve_spec
-from reprorl.config.load import dotted
+from reprorl.config.limits import dotted
 from reprorl.errors import ReprorlError
 from reprorl.hashing import HASH_PREFIX, canonical_json
 from reprorl.store import Store

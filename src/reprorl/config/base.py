@@ -6,11 +6,14 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# At least one letter, digit, punctuation mark or symbol: a space or a zero-width character alone
+# names nobody.
 Owner = Annotated[
     str,
     Field(
         min_length=1,
-        pattern=r"\S",
+        max_length=256,
+        pattern=r"[\p{L}\p{N}\p{P}\p{S}]",
         description="Who answers for this decision (a person or team), e.g. 'alice@example.com'.",
     ),
 ]

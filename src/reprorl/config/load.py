@@ -16,6 +16,7 @@ from typing import Any, get_args
 from pydantic import BaseModel, Discriminator, TypeAdapter, ValidationError
 
 from reprorl.config.judge import JudgeConfig, JudgeTable
+from reprorl.config.limits import MAX_DEPTH, FieldPath, check_limits, dotted, integer_problem, parse_toml
 from reprorl.config.spec import RunSpec
 from reprorl.errors import FloatingReferenceError, SpecError, UserInputError
 from reprorl.refs import ArtifactRef, RefError
@@ -23,15 +24,6 @@ from reprorl.refs import ArtifactRef, RefError
 MAX_SPEC_BYTES = 1 << 20
 _MAX_PIN_ROUNDS = 4
 _NO_VERSION = "has no version"
-
-FieldPath = tuple[str | int, ...]
-
-
-def dotted(path: FieldPath) -> str:
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "<spec>"
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -44,12 +36,21 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not key or any(not p.strip() or p != p.strip() for p in parts):
         raise SpecError(f"override {text!r} has an empty or malformed key; write e.g. learning.lr=1e-5")
     raw = raw.strip()
+    if len(raw) > MAX_SPEC_BYTES:
+        raise SpecError(f"override value is larger than {MAX_SPEC_BYTES} bytes", field=key)
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         if any(c in raw for c in "[]{}\"'"):
-            raise SpecError(f"{key}: override value {raw!r} is not valid TOML", field=None) from None
+            raise SpecError(f"{key}: override value {raw[:60]!r} is not valid TOML", field=None) from None
         value = raw  # bare words (names, refs) need no quotes on a command line
+    except RecursionError:
+        raise SpecError(f"override value nests deeper than {MAX_DEPTH} levels", field=key) from None
+    except ValueError as exc:  # Python's own limit on integer literals
+        raise SpecError(f"override value: {integer_problem(str(exc))}", field=key) from None
+    if len(parts) > MAX_DEPTH:
+        raise SpecError(f"names a field deeper than {MAX_DEPTH} levels", field=key)
+    check_limits(value, tuple(parts))
     return parts, value
 
 
@@ -78,10 +79,9 @@ def read_toml(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8-sig")  # editors on some systems add a BOM
     except UnicodeDecodeError:
         raise SpecError(f"spec file {str(path)!r} is not UTF-8 text") from None
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise SpecError(f"{path.name}: not valid TOML: {exc}") from None
+    data = parse_toml(text, path.name)
+    check_limits(data)
+    return data
 
 
 def _tagged_unions(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
@@ -132,18 +132,29 @@ def _describe(error: dict[str, Any]) -> tuple[str, str]:
     if message.startswith("Value error, "):
         message = message[len("Value error, ") :]
     given = error.get("input")
+    if kind in ("string_pattern_mismatch", "string_too_short") and field.endswith("owner"):
+        message = "must name who answers for it (a person or team, e.g. 'alice@example.com'): blank or "
+        message += "invisible characters name nobody"
+    elif kind == "greater_than" and field.startswith("budget.max_"):
+        message += "; leave the field out for no cap"
     if kind not in ("value_error",) and not isinstance(given, dict | list):
         message += f" (got {json.dumps(given, default=str)[:60]})"
     return field, message
 
 
 def spec_error_from(exc: ValidationError) -> SpecError:
-    """One line naming the first bad field; the count of further problems follows."""
+    """Every problem, each one line naming its field and the fix; the first is the message."""
     errors = exc.errors()
-    field, message = _describe(dict(errors[0]))
-    more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+    # A container's error that its own bad item caused (a list left too short once the item failed)
+    # says nothing the item's line does not.
+    locs = [tuple(e["loc"]) for e in errors]
+    caused = {loc for loc in locs if any(o[: len(loc)] == loc != o for o in locs)}
+    errors = [e for e, loc in zip(errors, locs, strict=True) if loc not in caused]
+    described = [_describe(dict(e)) for e in errors]
+    field, message = described[0]
+    more = tuple(f"{f}: {m}" for f, m in described[1:])
     error_cls = FloatingReferenceError if "floating label" in message else SpecError
-    return error_cls(message + (more if len(errors) > 1 else ""), field=field)
+    return error_cls(message, field=field, more=more)
 
 
 def _non_finite(value: Any, path: FieldPath = ()) -> FieldPath | None:
@@ -346,9 +357,10 @@ def load_judge_config(path: Path) -> JudgeConfig:
     if path.stat().st_size > MAX_SPEC_BYTES:
         raise UserInputError(f"larger than {MAX_SPEC_BYTES} bytes", field=where)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise UserInputError(f"not valid TOML: {exc}", field=where) from None
+        data = parse_toml(path.read_text(encoding="utf-8-sig"), where)
+        check_limits(data)
+    except UnicodeDecodeError:
+        raise UserInputError("is not UTF-8 text", field=where) from None
     if "override" in data:
         raise UserInputError(
             "`override` belongs in a run spec's data.judge, where it lets a run train on an unaudited "

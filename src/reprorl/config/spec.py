@@ -378,8 +378,9 @@ class BudgetSpec(SpecModel):
     prices: PriceTable = Field(default_factory=PriceTable, description="Prices for cost accounting.")
     max_usd: float | None = Field(
         default=None,
-        ge=0.0,
-        description="Total cost cap: every rollout's cost_usd (train and eval, retries included) plus the "
+        gt=0.0,
+        description="Total cost cap (a cap of 0 would stop the run before its first step: leave it out "
+        "for none): every rollout's cost_usd (train and eval, retries included) plus the "
         "updates' CPU time at cpu_usd_per_hour.",
     )
     max_wall_s: float | None = Field(

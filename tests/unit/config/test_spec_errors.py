@@ -100,12 +100,18 @@ class Case(NamedTuple):
     overrides: tuple[str, ...]
     expect: str  # must appear in the error line; SPEC_FILE stands for the file's name
     leads: bool = True  # the line reads `error: <expect>: ...` (the field comes first)
+    problems: int = 1  # lines: one per problem, the expected one first
 
 
 def case(
-    id: str, spec: str | bytes | object | None, expect: str, *overrides: str, leads: bool = True
+    id: str,
+    spec: str | bytes | object | None,
+    expect: str,
+    *overrides: str,
+    leads: bool = True,
+    problems: int = 1,
 ) -> Case:
-    return Case(id, spec, overrides, expect, leads)
+    return Case(id, spec, overrides, expect, leads, problems)
 
 
 def ref_case(id: str, old: str, new: str, field: str) -> Case:
@@ -132,6 +138,7 @@ CASES: list[Case] = [
         "two-problems-first-named",
         edit((MODEL_OWNER, ""), ("lr = 5e-5", "lr = 5.0")),
         "model.owner",
+        problems=2,
     ),
     # -- missing sections and top-level keys ---------------------------------------------------
     case("model-section-missing", without_section("model"), "model"),
@@ -139,7 +146,7 @@ CASES: list[Case] = [
     case("learning-section-missing", without_section("learning"), "learning"),
     case("evaluation-section-missing", without_section("evaluation"), "evaluation"),
     case("seed-missing", edit(("seed = 7\n", "")), "seed"),
-    case("empty-file", "", "seed"),
+    case("empty-file", "", "seed", problems=5),
     # -- unknown keys ---------------------------------------------------------------------------
     case("unknown-top-level-key", add_to("", "sed = 7"), "sed"),
     case("unknown-section", BASE + "\n[optimizer]\nname = 'adamw'\n", "optimizer"),
@@ -211,7 +218,10 @@ CASES: list[Case] = [
     case("run-name-empty", edit(('name = "table-test"', 'name = ""')), "name"),
     case("unknown-loss", edit(('kind = "ppo_clip"', 'kind = "ppo"')), "learning.loss"),
     case(
-        "loss-field-of-another", edit(('kind = "ppo_clip"', 'kind = "reinforce"')), "learning.loss.clip_low"
+        "loss-field-of-another",
+        edit(('kind = "ppo_clip"', 'kind = "reinforce"')),
+        "learning.loss.clip_low",
+        problems=2,
     ),
     case(
         "loss-not-a-table",
@@ -359,10 +369,13 @@ def test_malformed_spec_is_refused_with_one_line(
 
     assert code == 2, err
     assert out == ""
+    # One line per problem, the first the one the case plants; each names its field.
     lines = err.splitlines()
-    assert len(lines) == 1 and err.endswith("\n"), err
+    assert lines and err.endswith("\n"), err
+    assert len(lines) == c.problems, lines
+    for other in lines:
+        assert other.startswith("error: ") and other[len("error: ") :].strip(), other
     line = lines[0]
-    assert line.startswith("error: ") and line[len("error: ") :].strip(), line
     expect = spec_path.name if c.expect == SPEC_FILE else c.expect
     assert expect in line
     if c.leads:

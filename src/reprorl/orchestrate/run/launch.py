@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from reprorl.config import RunSpec, ensure_resolved, iter_refs
-from reprorl.config.load import dotted
+from reprorl.config.limits import dotted
 from reprorl.errors import ArtifactNotFoundError
 from reprorl.store import RunRecord, Store
 

@@ -20,11 +20,26 @@ from reprorl.types import Split
 
 def check_run_leakage(store: Store, spec: RunSpec) -> LeakageReport:
     """The leakage report of `spec`; raises (nothing written) on a leak the spec does not allow."""
-    train = load_taskset(store, str(spec.data.train)).split(Split.TRAIN)
+    train_ref = str(spec.data.train)
+    train = load_taskset(store, train_ref).split(Split.TRAIN)
     held_out = {}
-    for ref in spec.evaluation.suites:
+    for i, ref in enumerate(spec.evaluation.suites):
+        field = f"evaluation.suites[{i}]"
+        if _digest(str(ref)) == _digest(train_ref):
+            raise UserInputError(
+                f"{ref} is the train task set (data.train) itself; a suite measures held-out tasks: "
+                "name a suite of eval or holdout tasks (reprorl tasks generate makes both)",
+                field=field,
+            )
         taskset = load_taskset(store, str(ref))
-        held_out[str(ref)] = taskset.split(Split.EVAL) + taskset.split(Split.HOLDOUT)
+        tasks = taskset.split(Split.EVAL) + taskset.split(Split.HOLDOUT)
+        if not tasks:
+            raise UserInputError(
+                f"{ref} has no eval or holdout tasks ({len(taskset.tasks)} tasks of other splits), so an "
+                "eval point could measure nothing; name a suite of eval or holdout tasks",
+                field=field,
+            )
+        held_out[str(ref)] = tasks
     report = check_leakage(train, held_out)
     if not report.ok and not spec.evaluation.allow_leakage:
         raise UserInputError(
@@ -39,3 +54,7 @@ def record_leakage(record: RunRecord, report: LeakageReport) -> None:
     """The check's outcome as a run event: `leakage_check` when clean, `leakage_allowed` when not."""
     details: dict[str, Any] = report.to_json()
     record.event("leakage_check" if report.ok else "leakage_allowed", **details)
+
+
+def _digest(ref: str) -> str:
+    return ref.rsplit("@", 1)[-1]

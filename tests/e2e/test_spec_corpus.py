@@ -171,3 +171,36 @@ def test_a_suite_that_cannot_measure_held_out_tasks_is_refused_before_anything_i
     index = suites.index("calc-train") if "calc-train" in suites else 0
     assert line.startswith(f"error: evaluation.suites[{index}]: ") and needle in line, line
     assert run_ids(store_home) == before
+
+
+NO_TORCH = """
+import sys
+from reprorl.cli.main import main
+code = main(sys.argv[1:])
+print(code, "torch" in sys.modules)
+"""
+
+
+def test_refusing_a_spec_loads_no_torch(store_home: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text(BASE.replace("lr = 1e-4", 'lr = "fast"'))
+    leaking = tmp_path / "leaking.toml"
+    leaking.write_text(tiny_spec("corpus", 0, evaluation={"suites": ["calc-train"]}))
+    for args in (
+        ["spec", "validate", str(bad)],
+        ["spec", "validate", str(Path(__file__).resolve().parents[2] / "configs" / "calculator.toml")],
+        ["--home", str(store_home), "run", str(bad)],
+        ["--home", str(store_home), "run", str(leaking)],
+    ):
+        done = subprocess.run(
+            [sys.executable, "-c", NO_TORCH, *args], capture_output=True, text=True, timeout=120, check=False
+        )
+        code, torch_loaded = done.stdout.splitlines()[-1].split()
+        assert torch_loaded == "False", (args, done.stderr[-300:])
+        assert code == ("0" if args[1] == "validate" and "calculator" in args[-1] else "2"), (
+            args,
+            done.stderr,
+        )

@@ -8,11 +8,14 @@ demonstrated) and 0 on prompts, tool results and padding.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
-
-import torch
+from typing import TYPE_CHECKING, Protocol
 
 from reprorl.config.loss import Mean
+
+if TYPE_CHECKING:
+    import torch
+else:
+    from reprorl.algos.tensors import torch  # imported on first use
 
 
 @dataclass(frozen=True)

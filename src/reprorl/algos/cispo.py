@@ -18,9 +18,8 @@ CISPO is REINFORCE with the correction; it differs once π_prox trails the weigh
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
 from pydantic import Field
 
 from reprorl.algos.base import LossOutput, TokenBatch, masked_mean
@@ -28,6 +27,11 @@ from reprorl.algos.importance import Corrected, Correction, token_weight_metrics
 from reprorl.algos.kl import kl_penalty
 from reprorl.algos.registered import LossShared, register_loss
 from reprorl.config.loss import LossConfig, Mean
+
+if TYPE_CHECKING:
+    import torch
+else:
+    from reprorl.algos.tensors import torch  # imported on first use
 
 
 class CISPOConfig(LossConfig):

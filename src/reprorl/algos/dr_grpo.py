@@ -10,7 +10,12 @@ a fixed token budget, chosen in the loss, not here).
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+else:
+    from reprorl.algos.tensors import torch  # imported on first use
 
 
 class DrGRPOAdvantage:

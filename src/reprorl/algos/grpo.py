@@ -10,7 +10,12 @@ are all equal has Â = 0: it carries no signal.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+else:
+    from reprorl.algos.tensors import torch  # imported on first use
 
 
 class GRPOAdvantage:

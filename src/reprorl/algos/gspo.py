@@ -19,9 +19,8 @@ tiny (3e-4, 4e-4) because s_i is a geometric mean: a sequence-level 1.0004 is a 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
 from pydantic import Field
 
 from reprorl.algos.base import LossOutput, TokenBatch, sequence_mean, sequence_means
@@ -29,6 +28,11 @@ from reprorl.algos.importance import Corrected, Correction
 from reprorl.algos.kl import k3, kl_penalty
 from reprorl.algos.registered import LossShared, register_loss
 from reprorl.config.loss import LossConfig, Mean
+
+if TYPE_CHECKING:
+    import torch
+else:
+    from reprorl.algos.tensors import torch  # imported on first use
 
 
 class GSPOConfig(LossConfig):

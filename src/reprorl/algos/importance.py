@@ -12,12 +12,15 @@ explodes (1.1 per token over 100 tokens is ≈ 13,780), so the weights are per t
 
 from __future__ import annotations
 
-from typing import Protocol
-
-import torch
+from typing import TYPE_CHECKING, Protocol
 
 from reprorl.algos.base import masked_mean
 from reprorl.algos.kl import k3
+
+if TYPE_CHECKING:
+    import torch
+else:
+    from reprorl.algos.tensors import torch  # imported on first use
 
 
 class Correction(Protocol):

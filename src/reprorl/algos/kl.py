@@ -12,10 +12,15 @@ reprorl reports k3 whenever reference logprobs are there; as a penalty, β · me
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from reprorl.algos.base import TokenBatch, masked_mean, sequence_mean, sequence_means
 from reprorl.config.loss import Mean
+
+if TYPE_CHECKING:
+    import torch
+else:
+    from reprorl.algos.tensors import torch  # imported on first use
 
 
 def k1(logprobs: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:

@@ -16,15 +16,19 @@ This is `PPOClip` with π_prox required: PPOClip's fallback (no π_prox given) i
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
 from pydantic import Field
 
 from reprorl.algos.base import LossOutput, TokenBatch
 from reprorl.algos.importance import Correction
 from reprorl.algos.ppo import ClipBounds, PPOClip
 from reprorl.algos.registered import LossShared, register_loss
+
+if TYPE_CHECKING:
+    import torch
+else:
+    from reprorl.algos.tensors import torch  # imported on first use
 
 
 class PPOEWMAConfig(ClipBounds):

@@ -14,15 +14,18 @@ nothing bounds how far one update moves the policy, so the clip fractions are no
 
 from __future__ import annotations
 
-from typing import Literal
-
-import torch
+from typing import TYPE_CHECKING, Literal
 
 from reprorl.algos.base import LossOutput, TokenBatch, masked_mean
 from reprorl.algos.importance import Corrected, Correction, token_weight_metrics
 from reprorl.algos.kl import kl_penalty
 from reprorl.algos.registered import LossShared, register_loss
 from reprorl.config.loss import LossConfig, Mean
+
+if TYPE_CHECKING:
+    import torch
+else:
+    from reprorl.algos.tensors import torch  # imported on first use
 
 
 class ReinforceConfig(LossConfig):

@@ -7,7 +7,12 @@ Each rollout's baseline is the mean reward of the other G − 1 rollouts of its 
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+else:
+    from reprorl.algos.tensors import torch  # imported on first use
 
 
 class RLOOAdvantage:

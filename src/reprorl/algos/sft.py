@@ -7,10 +7,15 @@ Only the demonstrated assistant tokens count (m = 1); prompts and tool results a
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from reprorl.algos.base import LossOutput, TokenBatch, masked_mean
 from reprorl.config.loss import Mean
+
+if TYPE_CHECKING:
+    import torch
+else:
+    from reprorl.algos.tensors import torch  # imported on first use
 
 
 class CrossEntropy:

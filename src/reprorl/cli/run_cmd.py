@@ -44,8 +44,6 @@ def run(
     ),
 ) -> None:
     """SFT warm start (if the spec asks), then policy-gradient steps; records, metrics, adapter."""
-    from reprorl.orchestrate.jobs.train import prepare_run, train_run
-
     targets = parse_targets(sink, option="--sink")
     store = options(ctx).store()
     if resume is not None:
@@ -60,6 +58,8 @@ def run(
                 f"run {resume} already finished (status succeeded); there is nothing to resume"
             )
         spec = stored_spec(record.spec())
+        from reprorl.orchestrate.jobs.train import train_run  # torch and the models load from here
+
         console.print(f"resuming run {resume} (was {status})")
         if ray is not None:
             record = on_ray(store, spec, record, ray, trainer_gpus, targets, resume=True)
@@ -70,6 +70,12 @@ def run(
         if file is None:
             raise UserInputError("give a run spec file, or --resume RUN", field="FILE")
         spec = resolve_spec(load_spec(file, overrides or [], pin_bare=store.pin_newest), store.pin)
+        # A spec the leakage gate refuses is refused here, before torch and the models load.
+        from reprorl.orchestrate.run.preflight import check_run_leakage
+
+        check_run_leakage(store, spec)
+        from reprorl.orchestrate.jobs.train import prepare_run, train_run
+
         if ray is not None:
             record = on_ray(store, spec, prepare_run(store, spec), ray, trainer_gpus, targets, resume=False)
         else:

@@ -139,6 +139,12 @@ class Store:
         resolved = self.resolve(ref)
         return self.blobs.get_bytes(resolved.hash, label=_label(ref, resolved))
 
+    def taskset(self, ref: str) -> TaskSet:
+        """A stored task set, read and checked against its hash, named as the registry names it."""
+        resolved = self.resolve(ref)
+        name = resolved.version.name if resolved.version else ref
+        return TaskSet.from_jsonl(name, self.read(ref), source=ref)
+
     def export(self, ref: str, destination: Path) -> Path:
         """Write the artifact (file or folder) to `destination`, verified."""
         resolved = self.resolve(ref)

@@ -13,7 +13,6 @@ from typing import Any
 from reprorl.config import RunSpec
 from reprorl.errors import UserInputError
 from reprorl.evaluation.leakage import LeakageReport, check_leakage
-from reprorl.orchestrate.run.rollouts import load_taskset
 from reprorl.store import RunRecord, Store
 from reprorl.types import Split
 
@@ -21,7 +20,7 @@ from reprorl.types import Split
 def check_run_leakage(store: Store, spec: RunSpec) -> LeakageReport:
     """The leakage report of `spec`; raises (nothing written) on a leak the spec does not allow."""
     train_ref = str(spec.data.train)
-    train = load_taskset(store, train_ref).split(Split.TRAIN)
+    train = store.taskset(train_ref).split(Split.TRAIN)
     held_out = {}
     for i, ref in enumerate(spec.evaluation.suites):
         field = f"evaluation.suites[{i}]"
@@ -31,7 +30,7 @@ def check_run_leakage(store: Store, spec: RunSpec) -> LeakageReport:
                 "name a suite of eval or holdout tasks (reprorl tasks generate makes both)",
                 field=field,
             )
-        taskset = load_taskset(store, str(ref))
+        taskset = store.taskset(str(ref))
         tasks = taskset.split(Split.EVAL) + taskset.split(Split.HOLDOUT)
         if not tasks:
             raise UserInputError(

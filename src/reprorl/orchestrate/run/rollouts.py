@@ -31,9 +31,7 @@ from reprorl.types import SamplingParams, Task, TaskSet, Termination
 
 def load_taskset(store: Store, ref: str) -> TaskSet:
     """A stored task set, read and checked against its hash."""
-    resolved = store.resolve(ref)
-    name = resolved.version.name if resolved.version else ref
-    return TaskSet.from_jsonl(name, store.read(ref), source=ref)
+    return store.taskset(ref)
 
 
 def sampling_params(spec: RunSpec) -> SamplingParams:

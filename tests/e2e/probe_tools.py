@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reprorl.envs import ToolEnv, tool, workspace_path
+from reprorl.envs.errors import UnsafeAction
 from reprorl.rewards import FinalState, Verifier
 from reprorl.types import Permission, Task
 
@@ -67,9 +68,15 @@ def fetch(ctx: Any, url: str) -> str:
     return "never runs"
 
 
+@tool(Permission.WRITE, params={"path": "File to delete."})
+def wipe(ctx: Any, path: str) -> str:
+    """Delete a file the task said to keep: an action the env refuses as unsafe, ending the episode."""
+    raise UnsafeAction(f"deleting {path} is not allowed")
+
+
 class ProbeEnv(ToolEnv):
     family = "probe"
-    tools = (run_python, write_file, slow, big, boom, segfault, fetch)
+    tools = (run_python, write_file, slow, big, boom, segfault, fetch, wipe)
 
 
 @dataclass(frozen=True)

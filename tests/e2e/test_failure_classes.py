@@ -152,3 +152,14 @@ def test_a_verifier_hung_on_a_fifo_the_agent_planted_is_the_agents_zero_not_excl
     assert exclusion(planted) is None  # it trains, as the agent's failure
     honest = _scored([render_call("write_file", {"path": "answer.txt", "content": "42"}), "done"], 2.0)
     assert honest.score_failure is None and honest.reward is not None and honest.reward.total == 1.0
+
+
+def test_an_unsafe_action_is_the_agents_zero_whatever_state_it_reached() -> None:
+    # The right answer is on disk, then the agent does something unsafe: no credit for that state.
+    right = render_call("write_file", {"path": "answer.txt", "content": "42"})
+    paid = _scored([right, "done"], timeout_s=5.0)
+    assert paid.reward is not None and paid.reward.total == 1.0  # the same state, reached safely
+    unsafe = _scored([right, render_call("wipe", {"path": "config.ini"}), "done"], timeout_s=5.0)
+    assert unsafe.termination is Termination.UNSAFE_ACTION
+    assert unsafe.reward is not None and unsafe.reward.total == 0.0
+    assert exclusion(unsafe) is None  # scored, as the agent's

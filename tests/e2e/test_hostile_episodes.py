@@ -11,6 +11,7 @@ import os
 import socket
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_failure_classes import episode, outcomes, play
@@ -159,3 +160,60 @@ def test_overwriting_the_verifiers_inputs_fails() -> None:
     # sandbox's folder and an absent snapshot do not exist in the sandbox's private view.
     assert all(o in (ToolOutcome.PERMISSION_DENIED, ToolOutcome.TOOL_EXCEPTION) for o in seen), seen
     assert verifier_code.read_bytes() == before
+
+
+FILL_BYTES = "for i in range(40):\n    open(f'fill{i}', 'wb').write(b'x' * (16 << 20))\nresult = 'wrote'"
+FILL_INODES = "for i in range(40000):\n    open(f'n{i}', 'w').close()\nresult = 'made'"
+
+
+def _mounted(path: str) -> bool:
+    return any(line.split()[1].startswith(path) for line in Path("/proc/mounts").read_text().splitlines())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the work directory's quota is a tmpfs only root can mount")
+def test_filling_the_work_directory_stops_at_its_quota_and_leaves_nothing_behind() -> None:
+    import probe_tools
+    from test_failure_classes import HERE, MODULE, _task
+
+    from reprorl.envs import EnvConfig
+    from reprorl.envs.sandbox import SandboxPool
+    from reprorl.rewards import VerifierRunner
+    from reprorl.rollout import EpisodeIds, EpisodeLimits, ScriptedPolicy, run_episode
+
+    async def both() -> list[Any]:
+        task = _task()
+        async with SandboxPool([MODULE], sys_path=[HERE]) as pool, VerifierRunner(workers=1) as verifiers:
+            done = []
+            for replies in (
+                [python(FILL_BYTES), python(FILL_INODES), python("result = str(len(os.listdir('.')))"), "x"],
+                [render_call("write_file", {"path": "answer.txt", "content": "42"}), "done"],
+            ):
+                done.append(
+                    await run_episode(
+                        probe_tools.ProbeEnv(EnvConfig(max_invalid_actions=50)),
+                        task,
+                        ScriptedPolicy(task, play(replies)),
+                        verifier=probe_tools.PlainOpenVerifier(),
+                        sandboxes=pool,
+                        verifiers=verifiers,
+                        ids=EpisodeIds("e2e", f"e2e/{len(done)}"),
+                        limits=EpisodeLimits(max_turns=6, wall_s=120),
+                    )
+                )
+            return done
+
+    hostile, honest = asyncio.run(both())
+    seen = outcomes(hostile)
+    assert seen[:2] == [ToolOutcome.TOOL_EXCEPTION] * 2, [
+        r.error for t in hostile.turns for r in t.tool_results
+    ]
+    errors = [r.error or "" for t in hostile.turns for r in t.tool_results][:2]
+    assert all("No space left on device" in e for e in errors), errors
+    assert hostile.sandbox["isolation"]["work_quota"] == "tmpfs"  # type: ignore[index]
+    assert hostile.sandbox["limits"]["work_bytes"] == 256 << 20  # type: ignore[index]
+    assert hostile.reward is not None and hostile.reward.total == 0.0  # the agent's doing: scored
+    sandbox_dir = str(hostile.sandbox["dir"])
+    assert not Path(sandbox_dir).exists() and not _mounted(sandbox_dir)  # unmounted, then removed
+    # The next episode of the same pool starts empty and is paid as usual.
+    assert honest.reward is not None and honest.reward.total == 1.0
+    assert not _mounted(str(honest.sandbox["dir"]))

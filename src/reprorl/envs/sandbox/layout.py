@@ -29,6 +29,7 @@ from typing import Any
 
 from reprorl.envs.sandbox.confine import real_uid, uid_processes
 from reprorl.envs.sandbox.errors import SandboxError
+from reprorl.envs.sandbox.quota import unbound
 
 ROOT_ENV = "REPRORL_SANDBOX_ROOT"
 OWNER_FILE = "owner.json"
@@ -87,6 +88,12 @@ def create_dirs(root: Path, slot: UidSlot | None) -> tuple[str, SandboxDirs]:
     if slot is not None:
         os.chown(dirs.work, slot.uid, slot.gid)
     return sandbox_id, dirs
+
+
+def remove_sandbox_dir(base: Path) -> None:
+    """Remove a sandbox's directory: its work directory's own filesystem unmounted first."""
+    unbound(base)
+    remove_tree(base)
 
 
 def remove_tree(path: Path) -> None:
@@ -238,7 +245,7 @@ def reap_sandboxes(root: Path | str | None = None) -> int:
         except (OSError, ValueError):
             with contextlib.suppress(OSError):
                 if time.time() - base.stat().st_mtime > UNOWNED_GRACE_S:
-                    remove_tree(base)
+                    remove_sandbox_dir(base)
                     removed += 1
             continue
         if owner_alive(record):
@@ -250,6 +257,6 @@ def reap_sandboxes(root: Path | str | None = None) -> int:
                 clean = kill_uid_processes(uid)
                 if slot is not None:
                     unlock(slot, clean=clean)
-        remove_tree(base)
+        remove_sandbox_dir(base)
         removed += 1
     return removed

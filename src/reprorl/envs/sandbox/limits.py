@@ -50,6 +50,19 @@ class SandboxLimits(BaseModel):
             "host memory beyond memory_bytes); they are private only when the pool runs as root."
         ),
     )
+    work_bytes: int = Field(
+        default=256 * MIB,
+        ge=MIB,
+        description=(
+            "Bytes the episode's work directory may hold in all (a tmpfs of that size over it, so host "
+            "memory; only when the pool runs as root, else each file is bounded by file_bytes alone)."
+        ),
+    )
+    work_inodes: int = Field(
+        default=16_384,
+        ge=64,
+        description="Files and directories the work directory may hold in all (that tmpfs's inode bound).",
+    )
     open_files: int = Field(
         default=64, ge=8, description="File descriptors a sandbox process may hold at once (RLIMIT_NOFILE)."
     )
@@ -66,4 +79,4 @@ class SandboxLimits(BaseModel):
 
     def process_limits(self) -> dict[str, Any]:
         """The values the sandbox process applies to itself (sent to it as plain JSON)."""
-        return self.model_dump(exclude={"call_timeout_s"})
+        return self.model_dump(exclude={"call_timeout_s", "work_bytes", "work_inodes"})

@@ -50,7 +50,7 @@ def make_private(sandbox_dir: str, tmp_bytes: int, *, own_pid_namespace: bool) -
     try:
         # The copied mounts may be in the host's peer groups; until this succeeds, anything
         # mounted here would appear on the host too, so nothing is.
-        _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
+        mount(None, "/", None, MS_REC | MS_PRIVATE, None)
     except OSError:
         return "shared"
     tmp = _private_scratch(sandbox_dir, tmp_bytes)
@@ -95,7 +95,7 @@ def _private_scratch(sandbox_dir: str, tmp_bytes: int) -> bool:
         inodes = max(MIN_INODES, tmp_bytes // PAGE_BYTES)
         options = f"size={tmp_bytes},nr_inodes={inodes},mode=1777"
         try:
-            _mount("tmpfs", staging, "tmpfs", MS_NOSUID | MS_NODEV, options)
+            mount("tmpfs", staging, "tmpfs", MS_NOSUID | MS_NODEV, options)
         except OSError:
             return False  # not permitted here (e.g. a security module forbids mounts): nothing changed
         # From here on a failure is not a missing permission but a broken view, which must not run
@@ -104,7 +104,7 @@ def _private_scratch(sandbox_dir: str, tmp_bytes: int) -> bool:
         for subdir in subdirs.values():
             _make_dir(subdir, 0o1777)
         for target in (*targets[1:], staging):
-            _mount(subdirs[target], target, None, MS_BIND, None)
+            mount(subdirs[target], target, None, MS_BIND, None)
         if covered:
             _recreate(sandbox_dir, sandbox_fd)
     finally:
@@ -157,7 +157,7 @@ def _reachable_interpreter(sandbox_dir: str) -> None:
         fds = [os.open(d, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for d in keep]
         try:
             try:
-                _mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, "size=65536,nr_inodes=256,mode=0711")
+                mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, "size=65536,nr_inodes=256,mode=0711")
             except OSError:
                 continue  # not permitted here: the view stays as it was, the preloaded modules serve
             for path, fd in zip(keep, fds, strict=True):
@@ -165,8 +165,8 @@ def _reachable_interpreter(sandbox_dir: str) -> None:
                     _recreate(path, fd)
                     continue
                 _make_path(path)
-                _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
-                _mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY, None)
+                mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
+                mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY, None)
         finally:
             for fd in fds:
                 os.close(fd)
@@ -187,7 +187,7 @@ def _recreate(sandbox_dir: str, sandbox_fd: int) -> None:
         missing.append(os.path.dirname(missing[-1]))
     for path in reversed(missing):
         _make_dir(path, 0o711)  # like the pool root: passable, not listable, root's
-    _mount(f"/proc/self/fd/{sandbox_fd}", sandbox_dir, None, MS_BIND | MS_REC, None)
+    mount(f"/proc/self/fd/{sandbox_fd}", sandbox_dir, None, MS_BIND | MS_REC, None)
 
 
 def _make_dir(path: str, mode: int) -> None:
@@ -198,7 +198,7 @@ def _make_dir(path: str, mode: int) -> None:
 def _private_proc() -> bool:
     """Mount a procfs of this process's PID namespace on /proc, so it shows only the sandbox's processes."""
     try:
-        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
     except OSError:
         # e.g. a container whose own /proc hides parts behind other mounts: the kernel then refuses
         # a fresh one that would reveal them. The host's /proc stays, and isolation says so.
@@ -206,7 +206,8 @@ def _private_proc() -> bool:
     return True
 
 
-def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None) -> None:
+def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None) -> None:
+    """mount(2), an OSError naming the target when it fails."""
     if _libc.mount(_encode(source), _encode(target), _encode(fstype), flags, _encode(data)) != 0:
         errno = ctypes.get_errno()
         raise OSError(errno, f"mount {target}: {os.strerror(errno)}")

@@ -31,9 +31,10 @@ from reprorl.envs.sandbox.layout import (
     default_uid_lock_dir,
     prepare_root,
     reap_sandboxes,
-    remove_tree,
+    remove_sandbox_dir,
 )
 from reprorl.envs.sandbox.limits import SandboxLimits
+from reprorl.envs.sandbox.quota import bound_work
 from reprorl.envs.sandbox.sandbox import Sandbox
 from reprorl.envs.sandbox.zygote import ZygoteClient
 
@@ -185,11 +186,12 @@ class SandboxPool:
         slot = self._slots.acquire() if self.dedicated_uids else None
         try:
             sandbox_id, dirs = create_dirs(self.root, slot)
+            quota = bound_work(dirs.work, limits, slot.uid if slot else None, slot.gid if slot else None)
         except BaseException:
             if slot is not None:
                 self._slots.release(slot, clean=not slot.needs_purge)
             raise
-        sandbox = Sandbox(self, sandbox_id, dirs, slot, limits)
+        sandbox = Sandbox(self, sandbox_id, dirs, slot, limits, work_quota=quota)
         self._sandboxes.add(sandbox)
         try:
             await sandbox.start()
@@ -197,7 +199,7 @@ class SandboxPool:
             with contextlib.suppress(Exception):
                 await sandbox.close()
             if dirs.base.exists():
-                await asyncio.to_thread(remove_tree, dirs.base)
+                await asyncio.to_thread(remove_sandbox_dir, dirs.base)
             raise
         return sandbox
 

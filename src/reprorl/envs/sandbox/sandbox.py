@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from reprorl.envs.sandbox import result as results
 from reprorl.envs.sandbox.errors import SandboxError, UnknownToolError
-from reprorl.envs.sandbox.layout import SandboxDirs, UidSlot, kill_uid_processes, remove_tree
+from reprorl.envs.sandbox.layout import SandboxDirs, UidSlot, kill_uid_processes, remove_sandbox_dir
 from reprorl.envs.sandbox.limits import SandboxLimits
 from reprorl.envs.sandbox.protocol import FRAME_OVERHEAD_BYTES, ProtocolError, encode, read_frame, reply_limit
 from reprorl.envs.sandbox.result import CallResult
@@ -74,8 +74,11 @@ class Sandbox:
         dirs: SandboxDirs,
         slot: UidSlot | None,
         limits: SandboxLimits,
+        *,
+        work_quota: str = "none",
     ) -> None:
         self.id = sandbox_id
+        self.work_quota = work_quota
         self.dir = dirs.base
         self.workdir: Path = dirs.work
         self.snapshot_dir: Path = dirs.snapshot
@@ -194,7 +197,7 @@ class Sandbox:
         self._state = "closed"
         async with self._lock:
             try:
-                await asyncio.to_thread(remove_tree, self.dir)
+                await asyncio.to_thread(remove_sandbox_dir, self.dir)
             except OSError as exc:
                 failure = failure or SandboxError(f"could not remove sandbox directory {self.dir}: {exc}")
             finally:
@@ -292,6 +295,7 @@ class Sandbox:
         else:
             achieved["kill"] = "uid" if dedicated else "process_group"
         achieved["snapshot"] = "root_owned" if dedicated else "best_effort"
+        achieved["work_quota"] = self.work_quota
         if self._host.require_isolation and (achieved.get("network") != "netns" or not dedicated):
             raise SandboxError(f"required isolation not achieved: {achieved}")
         return achieved

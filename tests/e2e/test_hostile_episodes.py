@@ -217,3 +217,47 @@ def test_filling_the_work_directory_stops_at_its_quota_and_leaves_nothing_behind
     # The next episode of the same pool starts empty and is paid as usual.
     assert honest.reward is not None and honest.reward.total == 1.0
     assert not _mounted(str(honest.sandbox["dir"]))
+
+
+FIND_WRITABLE = """
+found, stack = [], [('/', 0)]
+while stack:
+    path, depth = stack.pop()
+    if path in ('/proc', '/sys') or depth > 3:
+        continue
+    try:
+        entries = os.scandir(path)
+    except OSError:
+        continue
+    with entries:
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    if os.access(entry.path, os.W_OK):
+                        found.append(entry.path)
+                    stack.append((entry.path, depth + 1))
+            except OSError:
+                pass
+try:
+    open('/run/lock/left-for-later', 'w').write('hi')
+    found.append('/run/lock (written)')
+except OSError:
+    pass
+result = '|'.join(sorted(found))
+"""
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="a read-only view of the host needs a mount namespace of its own"
+)
+def test_no_host_directory_outside_the_sandbox_is_writable_from_it() -> None:
+    trajectory = asyncio.run(episode(play([python(FIND_WRITABLE), "done"])))
+    (result,) = [r for t in trajectory.turns for r in t.tool_results]
+    assert result.outcome is ToolOutcome.OK, result.error
+    workdir = os.path.realpath(str(trajectory.sandbox["dir"])) + "/work"
+    private = ("/tmp", "/var/tmp", "/dev/shm")
+    writable = [p for p in result.content.split("|") if p]
+    outside = [p for p in writable if not p.startswith(workdir) and not p.startswith(private)]
+    assert outside == [], outside
+    assert trajectory.sandbox["isolation"]["host_fs"] == "read_only"  # type: ignore[index]
+    assert not Path("/run/lock/left-for-later").exists()

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from reprorl.envs.sandbox import confine, mounts
+from reprorl.envs.sandbox import confine, mounts, readonly
 from reprorl.envs.sandbox.context import ToolContext
 from reprorl.envs.sandbox.protocol import encode, recv_frame
 from reprorl.envs.sandbox.result import MAX_ERROR_CHARS, MAX_ERROR_TYPE_CHARS
@@ -71,6 +71,9 @@ def _isolate(spec: dict[str, Any]) -> dict[str, str]:
     # Mounting needs the privileges that the uid drop below gives up.
     tmp_bytes = int(spec["limits"]["tmp_bytes"])
     private = mounts.make_private(spec["dir"], tmp_bytes, own_pid_namespace=namespace_init)
+    host_fs = "writable"
+    if private != "shared":
+        host_fs = readonly.read_only_host([spec["workdir"], *mounts.scratch_dirs()])
     confine.apply_rlimits(spec["limits"], namespace_init=namespace_init)
     uid, gid = spec["uid"], spec["gid"]
     if uid is not None:
@@ -90,6 +93,7 @@ def _isolate(spec: dict[str, Any]) -> dict[str, str]:
         "pid_namespace": "yes" if namespace_init else "no",
         "no_new_privs": "yes" if no_new_privs else "no",
         "mounts": private,
+        "host_fs": host_fs,
     }
 
 

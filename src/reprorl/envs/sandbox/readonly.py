@@ -1,0 +1,65 @@
+"""The host's filesystems read-only in a sandbox's view: only its work directory and its private
+scratch directories can be written.
+
+Permission bits alone leave every world-writable host directory (`/run/lock`, a shared `777` folder,
+wherever it is) open to every sandbox uid in turn, a channel from one episode to a later one. In the
+sandbox's own mount namespace every other mount is bound read-only, each keeping its own nosuid,
+nodev and noexec flags; device files still work (writing to `/dev/null` modifies no filesystem).
+"""
+
+# Plain os calls, as in mounts.py: this runs in every freshly forked sandbox process.
+# ruff: noqa: PTH112
+
+from __future__ import annotations
+
+import os
+import re
+
+from reprorl.envs.sandbox.mounts import MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_RDONLY, MS_REMOUNT, mount
+
+MS_NOATIME, MS_NODIRATIME, MS_RELATIME, MS_STRICTATIME = 1024, 2048, 1 << 21, 1 << 24
+_KEPT_FLAGS = {
+    "nosuid": MS_NOSUID,
+    "nodev": MS_NODEV,
+    "noexec": MS_NOEXEC,
+    "noatime": MS_NOATIME,
+    "nodiratime": MS_NODIRATIME,
+    "relatime": MS_RELATIME,
+    "strictatime": MS_STRICTATIME,
+}
+_ESCAPE = re.compile(r"\\([0-7]{3})")
+
+
+def mount_points() -> list[tuple[str, set[str]]]:
+    """Every mount point of this namespace with its per-mount options, from /proc/self/mountinfo."""
+    found = []
+    with open("/proc/self/mountinfo") as handle:  # noqa: PTH123
+        for line in handle:
+            fields = line.split()
+            point = _ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), fields[4])
+            found.append((point, set(fields[5].split(","))))
+    return found
+
+
+def read_only_host(writable: list[str]) -> str:
+    """Bind every mount read-only but those at or under `writable`; returns what was achieved, for
+    `isolation["host_fs"]`: "read_only", or how many mounts stayed writable."""
+    for path in writable:
+        if os.path.isdir(path) and not os.path.ismount(path):
+            mount(path, path, None, MS_BIND, None)  # a mount of its own, so it can stay writable
+    kept = tuple(os.path.realpath(p) for p in writable)
+    refused = 0
+    seen: set[str] = set()
+    for point, options in mount_points():
+        if point in seen or "ro" in options or any(point == k or point.startswith(k + "/") for k in kept):
+            continue
+        seen.add(point)
+        flags = MS_BIND | MS_REMOUNT | MS_RDONLY
+        for name, flag in _KEPT_FLAGS.items():
+            if name in options:
+                flags |= flag
+        try:
+            mount(None, point, None, flags, None)
+        except OSError:
+            refused += 1  # e.g. a mount hidden under another; what it holds is then out of reach anyway
+    return "read_only" if refused == 0 else f"writable ({refused} mounts refused read-only)"

@@ -215,14 +215,18 @@ async def run_episode(
                     env.env_state,
                     transcript(task, progress.turns),
                 )
-                components, failure = await verifiers.score(verifier, task, state)
+                # A link, FIFO, socket or device in the final state is the agent's doing (no built-in
+                # env leaves one): scored 0 at once, before a verifier could block on it or follow it,
+                # or an agent would learn to dodge bad rewards by breaking its verifier.
+                planted = await asyncio.to_thread(state.special_entries)
+                if planted:
+                    components, failure = None, None
+                    progress.score_failure = ScoreFailure.AGENT_STATE
+                    progress.error = f"the final state holds what no file may be: {', '.join(planted[:5])}"
+                else:
+                    components, failure = await verifiers.score(verifier, task, state)
                 if failure is not None:
                     progress.error, progress.score_failure = failure.message, failure.kind
-                if components is None and failure is not None and (planted := state.special_entries()):
-                    # The verifier broke on what the agent left (a FIFO it blocked on, a link): the
-                    # agent's failure, scored 0, or an agent would learn to dodge bad rewards this way.
-                    progress.score_failure = ScoreFailure.AGENT_STATE
-                    progress.error = f"{failure.message}; the agent left {', '.join(planted[:5])}"
                 if progress.score_failure is ScoreFailure.AGENT_STATE:
                     reward = compose({verifier.name: 0.0}, {verifier.name: 1.0}, scored_by(verifier))
                 elif components is not None:

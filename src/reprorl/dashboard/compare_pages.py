@@ -63,7 +63,8 @@ def _suite(delta: SuiteDelta) -> list[str]:
 
 def _diff_html(diff: RunDiff, label_a: str, label_b: str) -> str:
     parts = [
-        f'<p class="diff-summary">{len(diff.conditions)} conditions differ'
+        f'<p class="diff-summary">{len(diff.conditions)} '
+        f"{'condition differs' if len(diff.conditions) == 1 else 'conditions differ'}"
         f"{f', {len(diff.derived)} more follow from them' if diff.derived else ''}.</p>"
     ]
     if not diff.conditions and not diff.derived:

@@ -41,9 +41,27 @@ def mount_points() -> list[tuple[str, set[str]]]:
     return found
 
 
+# Hidden outright, under an empty read-only tmpfs: host daemons listen on sockets here, and a socket
+# can be connected to even on a read-only mount.
+HIDDEN_DIRS = ("/run",)
+
+
 def read_only_host(writable: list[str]) -> str:
-    """Bind every mount read-only but those at or under `writable`; returns what was achieved, for
-    `isolation["host_fs"]`: "read_only", or how many mounts stayed writable."""
+    """Hide `HIDDEN_DIRS` and bind every other mount read-only but those at or under `writable`;
+    returns what was achieved, for `isolation["host_fs"]`: "read_only", or how many mounts stayed
+    writable."""
+    kept_real = [os.path.realpath(p) for p in writable]
+    for hidden in HIDDEN_DIRS:
+        real = os.path.realpath(hidden)
+        inside = any(k == real or k.startswith(real + "/") for k in kept_real)
+        if os.path.isdir(real) and not inside:
+            mount(
+                "tmpfs",
+                real,
+                "tmpfs",
+                MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY,
+                "size=4096,nr_inodes=16,mode=0755",
+            )
     for path in writable:
         if os.path.isdir(path) and not os.path.ismount(path):
             mount(path, path, None, MS_BIND, None)  # a mount of its own, so it can stay writable

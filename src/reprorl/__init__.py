@@ -15,6 +15,13 @@ from importlib.metadata import PackageNotFoundError, version
 # computation could differ between two processes that allocated differently. Strict conditional
 # numerical reproducibility removes that (at no measured cost here); it is read at MKL's first call.
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+# And with their dynamic adjustment on (MKL's default), MKL and OpenMP may run a call on fewer
+# threads than asked when the machine is busy, which changes reduction order: two Ray rollout
+# workers beside the trainer on two cores sampled the same batch with logprobs 1e-7 apart in about
+# one run of three. Intel's reproducibility conditions ask for both off; they are inherited by every
+# process a run starts (Ray workers, servers).
+os.environ.setdefault("MKL_DYNAMIC", "FALSE")
+os.environ.setdefault("OMP_DYNAMIC", "FALSE")
 
 
 from reprorl.actions import render_call

@@ -91,3 +91,19 @@ class InferenceError(ReprorlError, OSError):
         self.status = status  # the last HTTP status, or None when no response came back
         self.attempts = attempts
         super().__init__(message)
+
+
+class ResourceExhaustedError(ReprorlError, RuntimeError):
+    """The machine ran out of memory or disk space under a run; the run stays resumable.
+
+    `resource` is "memory" or "disk". The message names what ran out, where, and the command that
+    continues the run once there is more of it.
+    """
+
+    def __init__(self, message: str, *, resource: str = "") -> None:
+        self.resource = resource
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[type[ResourceExhaustedError], tuple[str], dict[str, str]]:
+        # Crosses process boundaries (a Ray trainer actor) with its keyword intact.
+        return (type(self), (str(self),), {"resource": self.resource})

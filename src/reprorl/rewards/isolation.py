@@ -139,25 +139,34 @@ class VerifierRunner:
                 ScoreFailure.VERIFIER_ERROR, f"verifier {name} cannot be sent to a worker: {exc}"[:400]
             )
         async with self._slots:
-            worker = self._idle.pop() if self._idle else await _Worker.start()
-            self._busy.add(worker)
-            try:
-                kind, value = await worker.call(payload, self.timeout_s)
-            except TimeoutError:
-                self._lose(worker)
-                return None, ScoreError(
-                    ScoreFailure.VERIFIER_TIMEOUT, f"verifier {name} ran past {self.timeout_s:g} s"
-                )
-            except _WorkerDied as exc:
-                self._lose(worker)
-                return None, ScoreError(
-                    ScoreFailure.VERIFIER_CRASH, f"verifier {name} crashed its worker process: {exc}"
-                )
-            except BaseException:
-                self._lose(worker)  # cancelled mid-call: what the worker is doing is unknown
-                raise
-            self._busy.discard(worker)
-            self._idle.append(worker)
+            # A worker can die of something outside the verifier (a kill, the OOM killer, an idle
+            # worker lost meanwhile): the call goes once more to a fresh one. A verifier that kills
+            # its worker does so again, and only then is the crash its own. Scoring is a pure
+            # function of the frozen state, so a second call cannot score differently.
+            for attempt in range(2):
+                worker = self._idle.pop() if self._idle else await _Worker.start()
+                self._busy.add(worker)
+                try:
+                    kind, value = await worker.call(payload, self.timeout_s)
+                except TimeoutError:
+                    self._lose(worker)
+                    return None, ScoreError(
+                        ScoreFailure.VERIFIER_TIMEOUT, f"verifier {name} ran past {self.timeout_s:g} s"
+                    )
+                except _WorkerDied as exc:
+                    self._lose(worker)
+                    if attempt == 0:
+                        continue
+                    return None, ScoreError(
+                        ScoreFailure.VERIFIER_CRASH,
+                        f"verifier {name} crashed its worker process, twice: {exc}",
+                    )
+                except BaseException:
+                    self._lose(worker)  # cancelled mid-call: what the worker is doing is unknown
+                    raise
+                self._busy.discard(worker)
+                self._idle.append(worker)
+                break
         if kind == "agent":
             return {name: 0.0}, ScoreError(
                 ScoreFailure.AGENT_STATE, f"the final state refused {name}: {value}"

@@ -8,6 +8,7 @@ change; a version always points at one content hash.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,6 +41,8 @@ from reprorl.hashing import HASH_PREFIX
 
 ARTIFACT_KINDS = ("file", "tree", "taskset", "model", "adapter", "env", "suite", "spec", "tools")
 _RETRIES = 5
+# How long a connection to a database server that is down is tried again before the registry fails.
+RECONNECT_S = 60.0
 
 
 class _Base(DeclarativeBase):
@@ -144,7 +147,31 @@ def make_engine(url: str) -> Engine:
             cursor.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True, connect_args={"connect_timeout": 10})
+    engine = create_engine(url, pool_pre_ping=True, connect_args={"connect_timeout": 10})
+
+    reached = False
+
+    @event.listens_for(engine, "do_connect")
+    def _reconnect(dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
+        # A database server that restarts (a failover, an upgrade) refuses connections for a
+        # while: once it has been reached, a run that needs the registry waits for it, up to
+        # RECONNECT_S, instead of failing. A server never reached (a wrong URL) fails at once.
+        # Stale pooled connections are replaced by the pre-ping.
+        nonlocal reached
+        deadline = time.monotonic() + (RECONNECT_S if reached else 0.0)
+        delay = 0.25
+        while True:
+            try:
+                connection = dialect.connect(*cargs, **cparams)
+                reached = True
+                return connection
+            except dialect.loaded_dbapi.OperationalError:
+                if time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    return engine
 
 
 class Registry:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,7 +144,28 @@ def test_runner_isolates_time_limits_and_failures(tmp_path: Path) -> None:
             assert why.kind is ScoreFailure.VERIFIER_ERROR
             again, error = await runner.score(NumericAnswer(), TASK, state)  # the runner recovered
             assert again == {"outcome": 1.0} and error is None
-            assert runner.restarts == 2
+            assert runner.restarts == 3  # the hung worker, and both the crashing verifier took
+
+    asyncio.run(go())
+
+
+def test_a_worker_killed_from_outside_mid_call_costs_a_retry_not_the_score(tmp_path: Path) -> None:
+    """SIGKILL of the worker while it scores (an operator, the OOM killer): the call goes to a fresh
+    worker and scores; only a verifier that kills its worker twice is a crash."""
+
+    async def go() -> None:
+        async with VerifierRunner(workers=1, timeout_s=30.0) as runner:
+            state = _state(tmp_path, "1234")
+            first, _ = await runner.score(PidVerifier(), TASK, state)
+            assert first is not None
+            call = asyncio.create_task(runner.score(SlowVerifier(2.0), TASK, state))
+            await asyncio.sleep(0.8)  # the slow call is inside the worker
+            os.kill(int(first["pid"]), signal.SIGKILL)
+            components, why = await call
+            assert why is None and components == {"outcome": 1.0}
+            assert runner.restarts == 1
+            again, _ = await runner.score(PidVerifier(), TASK, state)
+            assert again is not None and again["pid"] != first["pid"]
 
     asyncio.run(go())
 

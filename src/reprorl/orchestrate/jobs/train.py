@@ -9,6 +9,7 @@ they depend on.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from typing import Any
 
@@ -20,12 +21,14 @@ from reprorl.orchestrate.pipeline.ray_engine import ray_launch
 from reprorl.orchestrate.pipeline.ray_workers import RayExecutor, connect_ray
 from reprorl.orchestrate.pipeline.steps import ewma_of, make_loss
 from reprorl.orchestrate.pipeline.timing import LiveTiming, RecordedTiming, Timing
-from reprorl.orchestrate.run.checkpoint import latest_checkpoint, rewind
+from reprorl.orchestrate.run.checkpoint import rewind
 from reprorl.orchestrate.run.engine import check_engine, open_engine
+from reprorl.orchestrate.run.exhaustion import exhausted
 from reprorl.orchestrate.run.judge_reward import check_judge, record_judge
 from reprorl.orchestrate.run.launch import create_run
 from reprorl.orchestrate.run.policies import chat_template_text, load_run_base
 from reprorl.orchestrate.run.preflight import check_run_leakage, record_leakage
+from reprorl.orchestrate.run.resume_point import resume_checkpoint
 from reprorl.orchestrate.run.setup import build_trainer
 from reprorl.store import RunRecord, Store
 from reprorl.trainer import LocalTrainer
@@ -88,8 +91,7 @@ async def train_run(
         )
         start, checkpoint = 0, None
         if resume is not None:
-            checkpoint = latest_checkpoint(record)
-            keep = loop.keep_on_resume(record, checkpoint) if checkpoint is not None else frozenset()
+            checkpoint, keep = resume_checkpoint(record, lambda c: loop.keep_on_resume(record, c))
             start = rewind(record, checkpoint, keep=keep)
             record.event("resumed", from_step=start, checkpoint=checkpoint.path.name if checkpoint else None)
         if checkpoint is not None:
@@ -106,7 +108,11 @@ async def train_run(
         if loop.stopped is None:
             finish(store, spec, record, trainer)
     except BaseException as exc:
-        record.set_status("failed", error=f"{type(exc).__name__}: {exc}"[:500])
+        failure = exhausted(exc, record.run_id, str(store.root))
+        with contextlib.suppress(OSError):  # a full disk may refuse the status file too
+            record.set_status("failed", error=f"{type(exc).__name__}: {failure or exc}"[:500])
+        if failure is not None and failure is not exc:
+            raise failure from exc
         raise
     finally:
         if engine is not None:

@@ -1,0 +1,61 @@
+"""Out of memory in the trainer: the run's address space capped while it trains, then --resume.
+
+The cap (`RLIMIT_AS`, set on the running process from outside, as a container limit would bite)
+sits a little above what the process has mapped once RL is under way, so the next large
+allocation (a step's activations, the sampler's cache) is refused by the kernel. The run must stop
+with one line that names memory and the resume, and the resumed run must end as an unbroken one.
+"""
+
+from __future__ import annotations
+
+import random
+import resource
+import time
+
+import psutil
+
+from faultlib import Trial, fault
+from faultlib.harness import Bench, compare, differences, outcome, progress_after, run_ids, wait_until
+
+RESUMED = frozenset({"resumed"})
+
+
+@fault("trainer out of memory", "the run's address space capped mid-run; a clear error, then --resume")
+def out_of_memory(bench: Bench, trials: int, rng: random.Random) -> list[Trial]:
+    reference = bench.reference("sync")
+    spec, args = bench.spec("sync")
+    results: list[Trial] = []
+    for i in range(trials):
+        home = bench.home(f"oom-{i}")
+        proc = bench.start(home, "run", str(spec), *args)
+        wait_until(lambda: any(e.get("event") == "checkpoint" for e in bench.events(home)), proc, 300)
+        time.sleep(rng.uniform(0.0, 0.3) * reference.duration_s)
+        notes: list[str] = []
+        capped_at = time.time()
+        try:
+            mapped = psutil.Process(proc.pid).memory_info().vms
+            headroom = rng.choice([8, 32, 64]) << 20
+            psutil.Process(proc.pid).rlimit(psutil.RLIMIT_AS, (mapped + headroom, resource.RLIM_INFINITY))
+        except psutil.NoSuchProcess:
+            notes.append("the run ended before the cap")
+        code = bench.finish(proc)
+        lines = bench.log_of(proc).strip().splitlines()
+        if code == 0:
+            notes.append("no allocation was refused")
+        elif lines and "ran out of memory" in lines[-1]:
+            notes.append("stopped with one line naming memory and the resume")
+        else:
+            notes.append(f"exit {code}: {lines[-1][:160] if lines else '(no output)'}")
+        if code != 0:
+            resumed = bench.start(home, "run", "--resume", run_ids(home)[0], *args)
+            if bench.finish(resumed) != 0:
+                notes.append(f"resume failed: {bench.log_of(resumed).strip().splitlines()[-1:]}")
+        got = outcome(home)
+        if got.retried:
+            notes.append("episodes cut short by a refused allocation were recorded and run again")
+        same, lost = compare(reference.outcome, got)
+        notes += differences(reference.outcome, got)
+        recover = progress_after(bench.events(home), capped_at, RESUMED) if code != 0 else None
+        results.append(Trial(got.status == "succeeded", same, lost, recover, tuple(notes)))
+        bench.discard(home, results[-1])
+    return results

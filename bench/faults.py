@@ -24,9 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from faultlib import FAULTS, Row, summarise  # noqa: E402
-from faultlib import inference, kills, memory, processes, storage  # noqa: E402, F401  (they register)
-from faultlib.harness import Bench  # noqa: E402
+from faultlib import FAULTS, Row, summarise
+from faultlib.harness import Bench
 
 KILL_RESUME = ("kill-resume sync", "kill-resume async", "kill-resume ray")
 
@@ -36,10 +35,12 @@ def _fmt(value: float | None) -> str:
 
 
 def print_table(rows: list[Row]) -> None:
-    print(f"{'fault':<30} {'trials':>6} {'finished':>8} {'identical':>9} {'lost':>5} {'recover s (median/max)':>23}")
+    head = f"{'fault':<30} {'trials':>6} {'finished':>8} {'identical':>9} {'lost':>5}"
+    print(f"{head} {'recover s (median/max)':>23}")
     for row in rows:
         recover = f"{_fmt(row.recover_median_s)} / {_fmt(row.recover_max_s)}"
-        print(f"{row.fault:<30} {row.trials:>6} {row.finished:>8} {row.identical:>9} {row.lost:>5} {recover:>23}")
+        counts = f"{row.trials:>6} {row.finished:>8} {row.identical:>9} {row.lost:>5}"
+        print(f"{row.fault:<30} {counts} {recover:>23}")
     for row in rows:
         for note, count in sorted(row.notes.items()):
             print(f"  {row.fault}: {count} x {note}")
@@ -51,7 +52,9 @@ def main() -> None:
     parser.add_argument("--other-trials", type=int, default=3, help="Trials of every other fault.")
     parser.add_argument("--faults", nargs="*", choices=sorted(FAULTS), help="Only these faults.")
     parser.add_argument("--seed", type=int, default=20261204)
-    parser.add_argument("--scratch", type=Path, help="Where the trials' stores go (a temp folder by default).")
+    parser.add_argument(
+        "--scratch", type=Path, help="Where the trials' stores go (a temp folder by default)."
+    )
     parser.add_argument("--out", type=Path, help="Also write the rows here as JSON.")
     args = parser.parse_args()
 

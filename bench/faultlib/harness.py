@@ -9,6 +9,7 @@ logprob, each reward, and the trained adapter's hash.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -35,7 +36,11 @@ BASE: dict[str, dict[str, Any]] = {
         "adapter": {"kind": "lora", "rank": 4, "alpha": 8.0, "targets": ["q_proj", "v_proj"]},
     },
     # The tiny model never answers right; a component that varies gives its groups a signal.
-    "data": {"owner": "bench@x", "train": "calc-train", "reward_weights": {"outcome": 1.0, "valid_calls": 1.0}},
+    "data": {
+        "owner": "bench@x",
+        "train": "calc-train",
+        "reward_weights": {"outcome": 1.0, "valid_calls": 1.0},
+    },
     "learning": {
         "owner": "bench@x",
         "loss": "ppo_ewma",
@@ -84,7 +89,7 @@ class Outcome:
 
     status: str
     adapter: str | None
-    metrics: list[dict[str, Any]]
+    metrics: list[dict[str, Any] | None]  # None: a line that fails its checksum
     rollouts: dict[str, Any]  # final rollout id (run prefix dropped) -> reward, tokens, logprobs
     retried: int  # records of attempts an infrastructure failure cut short (kept, not trained on)
 
@@ -93,6 +98,13 @@ class Outcome:
 class Reference:
     outcome: Outcome
     duration_s: float  # from the run's record appearing to the process ending
+    home: Path
+
+    def span(self, first: str, last: str) -> float:
+        """Seconds between the reference run's first `first` event and its last `last` one."""
+        events = read_events(self.home, run_ids(self.home)[0])
+        start = min(stamp(e) for e in events if e.get("event") == first)
+        return max(stamp(e) for e in events if e.get("event") == last) - start
 
 
 def run_ids(home: Path) -> list[str]:
@@ -140,10 +152,19 @@ def _key(line: dict[str, Any]) -> tuple[Any, ...]:
     return (line.get("step"), line.get("stage"), line.get("suite"))
 
 
+def _keys(lines: list[dict[str, Any] | None]) -> set[tuple[Any, ...]]:
+    return {_key(m) for m in lines if m is not None}
+
+
+def _tokens(rollout: Any) -> tuple[Any, ...]:
+    reward, turns, end = rollout
+    return reward, [t for t, _ in turns], end
+
+
 def compare(reference: Outcome, got: Outcome) -> tuple[bool, int]:
     """(bit-identical to the reference, reference records missing from `got`)."""
     lost = len(reference.rollouts.keys() - got.rollouts.keys())
-    lost += len({_key(m) for m in reference.metrics} - {_key(m) for m in got.metrics})
+    lost += len(_keys(reference.metrics) - _keys(got.metrics))
     same = (
         got.status == "succeeded"
         and got.adapter == reference.adapter
@@ -158,17 +179,20 @@ def differences(reference: Outcome, got: Outcome) -> list[str]:
     found: list[str] = []
     if got.adapter != reference.adapter:
         found.append("adapter differs")
-    mine = {_key(m): m for m in got.metrics}
+    mine = {_key(m): m for m in got.metrics if m is not None}
     for line in reference.metrics:
+        if line is None:
+            continue
         other = mine.get(_key(line))
         if other is not None and other != line:
             keys = sorted(k for k in line.keys() | other.keys() if line.get(k) != other.get(k))
             found.append(f"metrics {_key(line)[:2]} differ in {', '.join(keys[:4])}")
             break
-    changed = [k for k in reference.rollouts.keys() & got.rollouts.keys() if reference.rollouts[k] != got.rollouts[k]]
+    changed = [
+        k for k in reference.rollouts.keys() & got.rollouts.keys() if reference.rollouts[k] != got.rollouts[k]
+    ]
     # Same tokens, rewards and ends with other logprobs: the same samples scored in another batch.
-    tokens = lambda r: (r[0], [t for t, _ in r[1]], r[2])  # noqa: E731
-    only_logprobs = [k for k in changed if tokens(reference.rollouts[k]) == tokens(got.rollouts[k])]
+    only_logprobs = [k for k in changed if _tokens(reference.rollouts[k]) == _tokens(got.rollouts[k])]
     if only_logprobs:
         gap = max(
             abs(a - b)
@@ -247,7 +271,7 @@ class Bench:
             proc = self.start(home, "run", str(spec), *args)
             began = self.await_record(home, proc)
             self.finish(proc)
-            self._references[spec.name] = Reference(outcome(home), time.perf_counter() - began)
+            self._references[spec.name] = Reference(outcome(home), time.perf_counter() - began, home)
             if self._references[spec.name].outcome.status != "succeeded":
                 raise RuntimeError(f"the reference run of {mode} did not succeed")
         return self._references[spec.name]
@@ -281,10 +305,8 @@ class Bench:
 
     @staticmethod
     def kill(proc: subprocess.Popen[bytes]) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait()
 
     @staticmethod
@@ -300,6 +322,19 @@ class Bench:
             return False
         status = json.loads((home / "runs" / runs[0] / "status.json").read_text())
         return bool(status.get("status") == "succeeded")
+
+    def await_event(
+        self, home: Path, proc: subprocess.Popen[bytes], kind: str, *, timeout: float = 300.0, **fields: Any
+    ) -> float:
+        """When the run under `home` wrote an event of `kind` (with these `fields`), or `proc` ended."""
+
+        def seen() -> bool:
+            return any(
+                e.get("event") == kind and all(e.get(k) == v for k, v in fields.items())
+                for e in self.events(home)
+            )
+
+        return wait_until(seen, proc, timeout)
 
     def events(self, home: Path) -> list[dict[str, Any]]:
         runs = run_ids(home)

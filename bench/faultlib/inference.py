@@ -91,7 +91,9 @@ class _Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
         fate = self.server.fate()
         if fate == "503":
-            self._reply(503, json.dumps({"error": {"message": "overloaded", "type": "server_error"}}).encode())
+            self._reply(
+                503, json.dumps({"error": {"message": "overloaded", "type": "server_error"}}).encode()
+            )
         elif fate == "hang":
             time.sleep(TIMEOUT_S + 1.0)
             self.close_connection = True
@@ -109,9 +111,23 @@ def serving(bench: Bench) -> Iterator[str]:
     """`reprorl serve policy` of the tiny model on a free port; yields its /v1 URL."""
     log = (bench.logs / "serve-policy.log").open("w")
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from reprorl.cli.main import main; sys.exit(main(sys.argv[1:]))",
-         "--home", str(bench.root / "serve-home"), "serve", "policy", "--base", "tiny:0", "--port", "0"],
-        stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import sys; from reprorl.cli.main import main; sys.exit(main(sys.argv[1:]))",
+            "--home",
+            str(bench.root / "serve-home"),
+            "serve",
+            "policy",
+            "--base",
+            "tiny:0",
+            "--port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        stdin=subprocess.DEVNULL,
+        text=True,
     )
     try:
         assert proc.stdout is not None
@@ -149,7 +165,9 @@ def _sample(bench: Bench, name: str, spec: Path) -> tuple[Path, float, int]:
     return home, time.perf_counter() - started, code
 
 
-@fault("inference server faults", "503s, hangs past the timeout, dropped and cut connections (30% of requests)")
+@fault(
+    "inference server faults", "503s, hangs past the timeout, dropped and cut connections (30% of requests)"
+)
 def flaky_server(bench: Bench, trials: int, rng: random.Random) -> list[Trial]:
     results: list[Trial] = []
     with serving(bench) as url:
@@ -162,7 +180,9 @@ def flaky_server(bench: Bench, trials: int, rng: random.Random) -> list[Trial]:
             flaky = Flaky(url, rng.randrange(1 << 30))
             threading.Thread(target=flaky.serve_forever, daemon=True).start()
             try:
-                spec = _sample_spec(bench, f"http://127.0.0.1:{flaky.server_address[1]}/v1", model, f"flaky{i}", 6)
+                spec = _sample_spec(
+                    bench, f"http://127.0.0.1:{flaky.server_address[1]}/v1", model, f"flaky{i}", 6
+                )
                 home, took, code = _sample(bench, f"inference-{i}", spec)
             finally:
                 flaky.shutdown()

@@ -14,7 +14,7 @@ import signal
 import time
 
 from faultlib import Trial, fault
-from faultlib.harness import Bench, compare, differences, outcome, progress_after, run_ids, wait_until
+from faultlib.harness import Bench, compare, differences, outcome, progress_after, run_ids
 
 RESUMED = frozenset({"resumed"})
 
@@ -45,13 +45,21 @@ def kill_and_resume(bench: Bench, mode: str, trials: int, rng: random.Random) ->
         events = bench.events(home)
         if code != 0:
             notes.append(f"resume exit {code}: {bench.log_of(resumed).strip().splitlines()[-1:]}")
-        if any(e.get("event") == "buffers_restored" and (e.get("batches") or e.get("groups")) for e in events):
+        if any(
+            e.get("event") == "buffers_restored" and (e.get("batches") or e.get("groups")) for e in events
+        ):
             notes.append("resumed with sampled batches buffered ahead")
         got = outcome(home)
         same, lost = compare(reference.outcome, got)
         notes += differences(reference.outcome, got)
         results.append(
-            Trial(got.status == "succeeded", same, lost, progress_after(events, killed_at, RESUMED), tuple(notes))
+            Trial(
+                got.status == "succeeded",
+                same,
+                lost,
+                progress_after(events, killed_at, RESUMED),
+                tuple(notes),
+            )
         )
         bench.discard(home, results[-1])
     return results
@@ -82,10 +90,6 @@ def _actor_pids(events: list[dict[str, object]], kind: str) -> list[int]:
     return pids
 
 
-def _rl_steps_done(bench: Bench, home: object) -> int:
-    return sum(1 for e in bench.events(home) if e.get("event") == "checkpoint")  # type: ignore[arg-type]
-
-
 @fault("ray rollout worker", "SIGKILL of one Ray rollout worker's process mid-run; the run goes on")
 def ray_worker(bench: Bench, trials: int, rng: random.Random) -> list[Trial]:
     reference = bench.reference("ray")
@@ -94,9 +98,9 @@ def ray_worker(bench: Bench, trials: int, rng: random.Random) -> list[Trial]:
     for i in range(trials):
         home = bench.home(f"ray-worker-{i}")
         proc = bench.start(home, "run", str(spec), *args)
-        # Once the workers run and the first RL step is sampling, a random moment into the work.
-        wait_until(lambda: bool(_actor_pids(bench.events(home), "workers")) and _rl_steps_done(bench, home) >= 1, proc, 300)
-        time.sleep(rng.uniform(0.0, 0.5) * reference.duration_s)
+        # Once the workers run, a random moment of the reference's time from there to its end.
+        bench.await_event(home, proc, "rollout_workers", backend="ray")
+        time.sleep(rng.uniform(0.0, 0.8) * reference.span("rollout_workers", "adapter_saved"))
         pids = _actor_pids(bench.events(home), "workers")
         notes: list[str] = []
         killed_at = time.time()
@@ -119,7 +123,9 @@ def ray_worker(bench: Bench, trials: int, rng: random.Random) -> list[Trial]:
             notes.append("episodes cut short were recorded and run again")
         same, lost = compare(reference.outcome, got)
         notes += differences(reference.outcome, got)
-        results.append(Trial(got.status == "succeeded", same, lost, progress_after(events, killed_at), tuple(notes)))
+        results.append(
+            Trial(got.status == "succeeded", same, lost, progress_after(events, killed_at), tuple(notes))
+        )
         bench.discard(home, results[-1])
     return results
 
@@ -132,7 +138,7 @@ def ray_trainer(bench: Bench, trials: int, rng: random.Random) -> list[Trial]:
     for i in range(trials):
         home = bench.home(f"ray-trainer-{i}")
         proc = bench.start(home, "run", str(spec), *args)
-        wait_until(lambda: bool(_actor_pids(bench.events(home), "trainer")), proc, 300)
+        bench.await_event(home, proc, "trainer_actor")
         time.sleep(rng.uniform(0.0, 0.6) * reference.duration_s)
         notes: list[str] = []
         killed_at = time.time()
@@ -143,12 +149,22 @@ def ray_trainer(bench: Bench, trials: int, rng: random.Random) -> list[Trial]:
         code = bench.finish(proc)
         last = bench.log_of(proc).strip().splitlines()[-1:]
         if code != 0:
-            notes.append("the run failed naming the dead actor" if "actor" in str(last) else f"exit {code}: {last}")
+            notes.append(
+                "the run failed naming the dead actor" if "actor" in str(last) else f"exit {code}: {last}"
+            )
             bench.finish(bench.start(home, "run", "--resume", run_ids(home)[0], *args))
         events = bench.events(home)
         got = outcome(home)
         same, lost = compare(reference.outcome, got)
         notes += differences(reference.outcome, got)
-        results.append(Trial(got.status == "succeeded", same, lost, progress_after(events, killed_at, RESUMED), tuple(notes)))
+        results.append(
+            Trial(
+                got.status == "succeeded",
+                same,
+                lost,
+                progress_after(events, killed_at, RESUMED),
+                tuple(notes),
+            )
+        )
         bench.discard(home, results[-1])
     return results

@@ -15,7 +15,7 @@ import time
 import psutil
 
 from faultlib import Trial, fault
-from faultlib.harness import Bench, compare, differences, outcome, progress_after, run_ids, wait_until
+from faultlib.harness import Bench, compare, differences, outcome, progress_after, run_ids
 
 RESUMED = frozenset({"resumed"})
 
@@ -28,7 +28,7 @@ def out_of_memory(bench: Bench, trials: int, rng: random.Random) -> list[Trial]:
     for i in range(trials):
         home = bench.home(f"oom-{i}")
         proc = bench.start(home, "run", str(spec), *args)
-        wait_until(lambda: any(e.get("event") == "checkpoint" for e in bench.events(home)), proc, 300)
+        bench.await_event(home, proc, "checkpoint")  # the warm start is done: RL is under way
         time.sleep(rng.uniform(0.0, 0.3) * reference.duration_s)
         notes: list[str] = []
         capped_at = time.time()

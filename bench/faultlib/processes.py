@@ -6,6 +6,7 @@ sandboxes (running ones keep working), and a verifier call whose worker died goe
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -15,7 +16,7 @@ import time
 import psutil
 
 from faultlib import Trial, fault
-from faultlib.harness import Bench, compare, differences, outcome, progress_after, wait_until
+from faultlib.harness import Bench, compare, differences, outcome, progress_after
 
 ZYGOTE = "reprorl.envs.sandbox.worker"
 VERIFIER = "reprorl.rewards.worker"
@@ -38,7 +39,9 @@ def helpers(proc: subprocess.Popen[bytes], module: str, *, direct: bool) -> list
     return found
 
 
-def _kill_helpers(bench: Bench, name: str, module: str, trials: int, rng: random.Random, *, direct: bool) -> list[Trial]:
+def _kill_helpers(
+    bench: Bench, name: str, module: str, trials: int, rng: random.Random, *, direct: bool
+) -> list[Trial]:
     reference = bench.reference("sync")
     spec, args = bench.spec("sync")
     results: list[Trial] = []
@@ -46,16 +49,14 @@ def _kill_helpers(bench: Bench, name: str, module: str, trials: int, rng: random
         home = bench.home(f"{name}-{i}")
         proc = bench.start(home, "run", str(spec), *args)
         # Once RL sampling is under way (the warm start's checkpoint is written), a random moment.
-        wait_until(lambda: any(e.get("event") == "checkpoint" for e in bench.events(home)), proc, 300)
+        bench.await_event(home, proc, "checkpoint")
         time.sleep(rng.uniform(0.0, 0.5) * reference.duration_s)
         notes: list[str] = []
         victims = helpers(proc, module, direct=direct)
         killed_at = time.time()
         for victim in victims:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(victim.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         if not victims:
             notes.append("nothing to kill: the run had ended" if proc.poll() is not None else "none running")
         code = bench.finish(proc)
@@ -67,7 +68,9 @@ def _kill_helpers(bench: Bench, name: str, module: str, trials: int, rng: random
         if got.retried:
             notes.append("episodes cut short were recorded and run again")
         events = bench.events(home)
-        results.append(Trial(got.status == "succeeded", same, lost, progress_after(events, killed_at), tuple(notes)))
+        results.append(
+            Trial(got.status == "succeeded", same, lost, progress_after(events, killed_at), tuple(notes))
+        )
         bench.discard(home, results[-1])
     return results
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from faultlib import Trial, fault
-from faultlib.harness import Bench, compare, differences, outcome, progress_after, run_ids, stamp, wait_until
+from faultlib.harness import Bench, compare, differences, outcome, progress_after, run_ids, stamp
 from faultlib.postgres import Cluster
 
 RESUMED = frozenset({"resumed"})
@@ -114,7 +114,7 @@ def _damaged_on_resume(bench: Bench, trials: int, rng: random.Random, name: str,
         home = bench.home(f"{name}-{len(results)}")
         proc = bench.start(home, "run", str(spec), *args)
         # Killed at a random point once it has written rollouts (something to damage).
-        wait_until(lambda: any(e.get("event") == "rollouts_written" for e in bench.events(home)), proc, 300)
+        bench.await_event(home, proc, "rollouts_written")
         time.sleep(rng.uniform(0.0, 0.7) * reference.duration_s)
         if proc.poll() is not None:
             bench.discard(home)
@@ -135,7 +135,13 @@ def _damaged_on_resume(bench: Bench, trials: int, rng: random.Random, name: str,
         same, lost = compare(reference.outcome, got)
         notes += differences(reference.outcome, got)
         results.append(
-            Trial(got.status == "succeeded", same, lost, progress_after(events, damaged_at, RESUMED), tuple(notes))
+            Trial(
+                got.status == "succeeded",
+                same,
+                lost,
+                progress_after(events, damaged_at, RESUMED),
+                tuple(notes),
+            )
         )
         bench.discard(home, results[-1])
     return results

@@ -55,6 +55,10 @@ class ZygoteClient:
         self._ready: asyncio.Future[dict[str, Any]] | None = None
         self._exits: dict[int, asyncio.Future[ExitInfo | None]] = {}
         self._alive = False
+        # One sender waits for the control socket at a time: asyncio keeps one writer callback per
+        # fd, so two waiting senders would overwrite each other's and one would wait for ever (a
+        # thousand sandboxes opening at once filled the socket and hung every episode).
+        self._send_lock: asyncio.Lock | None = None
 
     @property
     def alive(self) -> bool:
@@ -156,6 +160,12 @@ class ZygoteClient:
         return True
 
     async def _send(self, message: dict[str, Any], fds: Sequence[int]) -> None:
+        if self._send_lock is None:
+            self._send_lock = asyncio.Lock()
+        async with self._send_lock:
+            await self._send_in_turn(message, fds)
+
+    async def _send_in_turn(self, message: dict[str, Any], fds: Sequence[int]) -> None:
         while True:
             try:
                 if self._send_now(message, fds):

@@ -27,16 +27,15 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import envs  # noqa: E402  (the slow tool, its env and verifier, shared with bench/envs.py)
-
-from reprorl.envs.sandbox import SandboxPool  # noqa: E402
-from reprorl.hashing import content_hash  # noqa: E402
-from reprorl.rewards import VerifierRunner  # noqa: E402
-from reprorl.rollout import EpisodeIds, ScriptedPolicy, run_episode  # noqa: E402
-from reprorl.store import RunRecord, Store  # noqa: E402
-from reprorl.store.rollout_query import RolloutStore  # noqa: E402
-from reprorl.store.rollouts import RolloutWriter  # noqa: E402
-from reprorl.types import Message, Role, Task, Trajectory  # noqa: E402
+import envs  # the slow tool, its env and verifier: bench/envs.py
+from reprorl.envs.sandbox import SandboxPool
+from reprorl.hashing import content_hash
+from reprorl.rewards import VerifierRunner
+from reprorl.rollout import EpisodeIds, ScriptedPolicy, run_episode
+from reprorl.store import RunRecord, Store
+from reprorl.store.rollout_query import RolloutStore
+from reprorl.store.rollouts import RolloutWriter
+from reprorl.types import Message, Role, Task, Trajectory
 
 
 class TreeRss:

@@ -24,9 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from faultlib import FAULTS, Row, summarise
+from faultlib import Row, load_faults, summarise
 from faultlib.harness import Bench
 
+FAULTS = load_faults()
 KILL_RESUME = ("kill-resume sync", "kill-resume async", "kill-resume ray")
 
 
@@ -58,7 +59,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="Also write the rows here as JSON.")
     args = parser.parse_args()
 
-    names = args.faults or list(FAULTS)
+    names = args.faults or [*KILL_RESUME, *(n for n in FAULTS if n not in KILL_RESUME)]
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="reprorl-faults-") as scratch:
         bench = Bench(args.scratch or Path(scratch), seed=args.seed)

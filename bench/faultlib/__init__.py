@@ -7,6 +7,8 @@ per fault. The tests in `tests/faults/` run each one with a trial or two.
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import random
 import statistics
 from collections.abc import Callable
@@ -16,7 +18,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from faultlib.harness import Bench
 
-__all__ = ["FAULTS", "Fault", "Row", "Trial", "fault", "summarise"]
+__all__ = ["FAULTS", "Fault", "Row", "Trial", "fault", "load_faults", "summarise"]
 
 
 @dataclass(frozen=True)
@@ -80,3 +82,10 @@ def summarise(name: str, trials: list[Trial]) -> Row:
         recover_max_s=max(recovered) if recovered else None,
         notes=notes,
     )
+
+
+def load_faults() -> dict[str, Fault]:
+    """Import every module of this package, so each registers its faults; returns them all."""
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
+    return FAULTS

@@ -1,12 +1,13 @@
 """Fault injection: each fault a run can meet, injected into real runs, and what the record kept.
 
-For every fault it prints the trials, the runs that finished, the runs bit-identical to a reference
-run of the same spec with no fault (every metric, sampled token, logprob, reward and the adapter),
-the reference's records missing from the faulted runs (rollouts and metric lines; target 0), and
-the time from the fault to the run's next record of progress (for a kill, to its resume being back
-at work; for the inference server, the extra wall time per injected failure). The faults are in
-`bench/faultlib/` and register by name; `--faults` picks some. The disk-full fault mounts a tmpfs
-and needs root; the PostgreSQL one needs Debian's postgresql.
+For every fault it prints the trials; the runs that finished; the runs bit-identical to a reference
+run of the same spec with no fault (every metric, sampled token, logprob, reward and the adapter);
+the runs whose every rollout has the reference's sampled tokens, reward and end; the reference's
+records missing from the faulted runs (rollouts and metric lines; target 0); and the time from the
+fault to the run's next record of progress (for a kill, to its resume being back at work; for the
+inference server, the extra wall time per injected failure). The faults are in `bench/faultlib/`
+and register by name; `--faults` picks some. The disk-full fault mounts a tmpfs and needs root;
+the PostgreSQL one needs Debian's postgresql.
 
     python bench/faults.py [--trials 20] [--other-trials 3] [--faults NAME ...] [--out results.json]
 """
@@ -36,11 +37,11 @@ def _fmt(value: float | None) -> str:
 
 
 def print_table(rows: list[Row]) -> None:
-    head = f"{'fault':<30} {'trials':>6} {'finished':>8} {'identical':>9} {'lost':>5}"
+    head = f"{'fault':<30} {'trials':>6} {'finished':>8} {'identical':>9} {'same tokens':>11} {'lost':>5}"
     print(f"{head} {'recover s (median/max)':>23}")
     for row in rows:
         recover = f"{_fmt(row.recover_median_s)} / {_fmt(row.recover_max_s)}"
-        counts = f"{row.trials:>6} {row.finished:>8} {row.identical:>9} {row.lost:>5}"
+        counts = f"{row.trials:>6} {row.finished:>8} {row.identical:>9} {row.same_tokens:>11} {row.lost:>5}"
         print(f"{row.fault:<30} {counts} {recover:>23}")
     for row in rows:
         for note, count in sorted(row.notes.items()):

@@ -30,6 +30,7 @@ class Trial:
     lost: int  # records of the reference run missing from this one (rollouts and metric lines)
     recover_s: float | None  # from the fault to the run's next record of progress
     notes: tuple[str, ...] = ()
+    same_tokens: bool = False  # every rollout with the reference's sampled tokens, reward and end
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class Row:
     trials: int
     finished: int
     identical: int
+    same_tokens: int
     lost: int
     recover_median_s: float | None
     recover_max_s: float | None
@@ -77,6 +79,7 @@ def summarise(name: str, trials: list[Trial]) -> Row:
         trials=len(trials),
         finished=sum(t.finished for t in trials),
         identical=sum(t.identical for t in trials),
+        same_tokens=sum(t.same_tokens for t in trials),
         lost=sum(t.lost for t in trials),
         recover_median_s=statistics.median(recovered) if recovered else None,
         recover_max_s=max(recovered) if recovered else None,

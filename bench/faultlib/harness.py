@@ -161,8 +161,9 @@ def _tokens(rollout: Any) -> tuple[Any, ...]:
     return reward, [t for t, _ in turns], end
 
 
-def compare(reference: Outcome, got: Outcome) -> tuple[bool, int]:
-    """(bit-identical to the reference, reference records missing from `got`)."""
+def compare(reference: Outcome, got: Outcome) -> tuple[bool, int, bool]:
+    """(bit-identical to the reference, reference records missing from `got`, every rollout with
+    the reference's sampled tokens, reward and end)."""
     lost = len(reference.rollouts.keys() - got.rollouts.keys())
     lost += len(_keys(reference.metrics) - _keys(got.metrics))
     same = (
@@ -171,7 +172,10 @@ def compare(reference: Outcome, got: Outcome) -> tuple[bool, int]:
         and got.metrics == reference.metrics
         and got.rollouts == reference.rollouts
     )
-    return same, lost
+    tokens = reference.rollouts.keys() == got.rollouts.keys() and all(
+        _tokens(reference.rollouts[k]) == _tokens(got.rollouts[k]) for k in reference.rollouts
+    )
+    return same, lost, tokens
 
 
 def differences(reference: Outcome, got: Outcome) -> list[str]:

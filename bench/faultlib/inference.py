@@ -195,13 +195,15 @@ def flaky_server(bench: Bench, trials: int, rng: random.Random) -> list[Trial]:
             if got is None:
                 results.append(Trial(False, False, len(reference.rollouts), None, tuple(notes)))
                 continue
-            same, lost = compare(reference, got)
+            same, lost, tokens = compare(reference, got)
             notes += differences(reference, got)
             infra = sum(1 for r in got.rollouts.values() if r[2] == "infra_error")
             if infra:
                 notes.append(f"{infra} rollouts recorded as infra errors")
             # The time a fault costs the run: the extra wall time over the reference, per fault.
             per_fault = max(took - ref_s, 0.0) / injected if injected else None
-            results.append(Trial(got.status == "succeeded", same, lost, per_fault, tuple(notes)))
+            results.append(
+                Trial(got.status == "succeeded", same, lost, per_fault, tuple(notes), same_tokens=tokens)
+            )
             bench.discard(home, results[-1])
     return results

@@ -50,7 +50,7 @@ def kill_and_resume(bench: Bench, mode: str, trials: int, rng: random.Random) ->
         ):
             notes.append("resumed with sampled batches buffered ahead")
         got = outcome(home)
-        same, lost = compare(reference.outcome, got)
+        same, lost, tokens = compare(reference.outcome, got)
         notes += differences(reference.outcome, got)
         results.append(
             Trial(
@@ -59,6 +59,7 @@ def kill_and_resume(bench: Bench, mode: str, trials: int, rng: random.Random) ->
                 lost,
                 progress_after(events, killed_at, RESUMED),
                 tuple(notes),
+                same_tokens=tokens,
             )
         )
         bench.discard(home, results[-1])
@@ -121,10 +122,17 @@ def ray_worker(bench: Bench, trials: int, rng: random.Random) -> list[Trial]:
         got = outcome(home)
         if got.retried:
             notes.append("episodes cut short were recorded and run again")
-        same, lost = compare(reference.outcome, got)
+        same, lost, tokens = compare(reference.outcome, got)
         notes += differences(reference.outcome, got)
         results.append(
-            Trial(got.status == "succeeded", same, lost, progress_after(events, killed_at), tuple(notes))
+            Trial(
+                got.status == "succeeded",
+                same,
+                lost,
+                progress_after(events, killed_at),
+                tuple(notes),
+                same_tokens=tokens,
+            )
         )
         bench.discard(home, results[-1])
     return results
@@ -155,7 +163,7 @@ def ray_trainer(bench: Bench, trials: int, rng: random.Random) -> list[Trial]:
             bench.finish(bench.start(home, "run", "--resume", run_ids(home)[0], *args))
         events = bench.events(home)
         got = outcome(home)
-        same, lost = compare(reference.outcome, got)
+        same, lost, tokens = compare(reference.outcome, got)
         notes += differences(reference.outcome, got)
         results.append(
             Trial(
@@ -164,6 +172,7 @@ def ray_trainer(bench: Bench, trials: int, rng: random.Random) -> list[Trial]:
                 lost,
                 progress_after(events, killed_at, RESUMED),
                 tuple(notes),
+                same_tokens=tokens,
             )
         )
         bench.discard(home, results[-1])

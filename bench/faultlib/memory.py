@@ -53,9 +53,11 @@ def out_of_memory(bench: Bench, trials: int, rng: random.Random) -> list[Trial]:
         got = outcome(home)
         if got.retried:
             notes.append("episodes cut short by a refused allocation were recorded and run again")
-        same, lost = compare(reference.outcome, got)
+        same, lost, tokens = compare(reference.outcome, got)
         notes += differences(reference.outcome, got)
         recover = progress_after(bench.events(home), capped_at, RESUMED) if code != 0 else None
-        results.append(Trial(got.status == "succeeded", same, lost, recover, tuple(notes)))
+        results.append(
+            Trial(got.status == "succeeded", same, lost, recover, tuple(notes), same_tokens=tokens)
+        )
         bench.discard(home, results[-1])
     return results

@@ -63,13 +63,20 @@ def _kill_helpers(
         if code != 0:
             notes.append(f"exit {code}: {bench.log_of(proc).strip().splitlines()[-1:]}")
         got = outcome(home)
-        same, lost = compare(reference.outcome, got)
+        same, lost, tokens = compare(reference.outcome, got)
         notes += differences(reference.outcome, got)
         if got.retried:
             notes.append("episodes cut short were recorded and run again")
         events = bench.events(home)
         results.append(
-            Trial(got.status == "succeeded", same, lost, progress_after(events, killed_at), tuple(notes))
+            Trial(
+                got.status == "succeeded",
+                same,
+                lost,
+                progress_after(events, killed_at),
+                tuple(notes),
+                same_tokens=tokens,
+            )
         )
         bench.discard(home, results[-1])
     return results

@@ -66,10 +66,12 @@ def disk_full(bench: Bench, trials: int, rng: random.Random) -> list[Trial]:
                     notes.append("full before the run's record: started again")
                     bench.finish(bench.start(home, "run", str(spec), *args))
             got = outcome(home)
-            same, lost = compare(reference.outcome, got)
+            same, lost, tokens = compare(reference.outcome, got)
             notes += differences(reference.outcome, got)
             recover = progress_after(bench.events(home), freed_at, RESUMED) if code != 0 else None
-            results.append(Trial(got.status == "succeeded", same, lost, recover, tuple(notes)))
+            results.append(
+                Trial(got.status == "succeeded", same, lost, recover, tuple(notes), same_tokens=tokens)
+            )
         finally:
             subprocess.run(["umount", "-l", str(mount)], check=False)
             shutil.rmtree(mount, ignore_errors=True)
@@ -132,7 +134,7 @@ def _damaged_on_resume(bench: Bench, trials: int, rng: random.Random, name: str,
         if any(e.get("event") == "records_damaged" for e in events):
             notes.append("the damage was found and named on resume")
         got = outcome(home)
-        same, lost = compare(reference.outcome, got)
+        same, lost, tokens = compare(reference.outcome, got)
         notes += differences(reference.outcome, got)
         results.append(
             Trial(
@@ -141,6 +143,7 @@ def _damaged_on_resume(bench: Bench, trials: int, rng: random.Random, name: str,
                 lost,
                 progress_after(events, damaged_at, RESUMED),
                 tuple(notes),
+                same_tokens=tokens,
             )
         )
         bench.discard(home, results[-1])
@@ -188,9 +191,11 @@ def postgres_restart(bench: Bench, trials: int, rng: random.Random) -> list[Tria
             elif code == 0:
                 notes.append("went on across the restart (the registry was not needed while down)")
             got = outcome(home, registry=url)
-            same, lost = compare(reference.outcome, got)
+            same, lost, tokens = compare(reference.outcome, got)
             notes += differences(reference.outcome, got)
             recover = progress_after(bench.events(home), back_at) if code == 0 else None
-            results.append(Trial(got.status == "succeeded", same, lost, recover, tuple(notes)))
+            results.append(
+                Trial(got.status == "succeeded", same, lost, recover, tuple(notes), same_tokens=tokens)
+            )
             bench.discard(home, results[-1])
     return results

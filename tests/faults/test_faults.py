@@ -40,10 +40,10 @@ def _one(bench: Bench, name: str, seed: int = 7) -> Trial:
     return trial
 
 
-def _whole(trial: Trial) -> None:
+def _whole(trial: Trial, *, tokens: bool = True) -> None:
     assert trial.finished, trial.notes
     assert trial.lost == 0, trial.notes
-    assert trial.same_tokens, trial.notes
+    assert trial.same_tokens or not tokens, trial.notes
 
 
 @pytest.mark.parametrize("name", ["sandbox zygote", "verifier pool"])
@@ -79,7 +79,9 @@ def test_running_out_of_memory_mid_run_leaves_a_resumable_run(bench: Bench) -> N
     """Where the refused allocation lands is chance: in a Python frame (the one-line error), in a
     native thread (the process aborts), or in an episode (an infra failure, sampled again)."""
     trial = _one(bench, "trainer out of memory", seed=3)
-    _whole(trial)
+    # An episode cut short by a refused allocation is sampled again in another batch: its tokens
+    # may differ, and it is kept, attributed to the infrastructure.
+    _whole(trial, tokens=False)
     assert not any(n.startswith("resume failed") or "internal error" in n for n in trial.notes), trial.notes
 
 

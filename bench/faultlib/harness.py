@@ -25,6 +25,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from faultlib import Trial
+
 CLI = "import sys; from reprorl.cli.main import main; sys.exit(main(sys.argv[1:]))"
 RUN_TIMEOUT_S = 900.0
 
@@ -253,7 +255,7 @@ class Bench:
             self._populate(home, registry)
         return home
 
-    def discard(self, home: Path, trial: Any = None) -> None:
+    def discard(self, home: Path, trial: Trial | None = None) -> None:
         """Remove a trial's store, unless it is kept: all of them with `keep`, and those of
         trials that did not end identical to the reference, for a look afterwards."""
         if not self.keep and (trial is None or trial.identical):
@@ -317,6 +319,36 @@ class Bench:
     def await_record(home: Path, proc: subprocess.Popen[bytes], timeout: float = 300.0) -> float:
         """When the run's record appeared (or the process ended first)."""
         return wait_until(lambda: bool(run_ids(home)), proc, timeout)
+
+    def conclude(
+        self,
+        home: Path,
+        reference: Outcome,
+        notes: list[str],
+        recover_s: float | None,
+        *,
+        registry: str | None = None,
+    ) -> Trial:
+        """The trial of the run under `home` against `reference`, with how it departs from it in
+        its notes; its store is cleared unless the run is not identical (kept for a look)."""
+        got = outcome(home, registry)
+        if got.retried:
+            notes.append("episodes cut short were recorded and run again")
+        same, lost, tokens = compare(reference, got)
+        notes += differences(reference, got)
+        trial = Trial(got.status == "succeeded", same, lost, recover_s, tuple(notes), same_tokens=tokens)
+        self.discard(home, trial)
+        return trial
+
+    def kill_unfinished(self, home: Path, proc: subprocess.Popen[bytes]) -> bool:
+        """SIGKILL the run under `home` unless it has finished; False (its store cleared) when it had,
+        or when the kill came as the finished process was exiting: not a trial."""
+        if proc.poll() is None:
+            self.kill(proc)
+            if not self.succeeded(home):
+                return True
+        self.discard(home)
+        return False
 
     @staticmethod
     def succeeded(home: Path) -> bool:

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 
 from faultlib import Trial, fault
-from faultlib.harness import Bench, compare, differences, outcome, run_ids
+from faultlib.harness import Bench, outcome, run_ids
 
 TIMEOUT_S = 2.0
 # Each request's fate: (share, kind). Retries are capped at 6, so 0.3 of failures per request leaves
@@ -196,19 +196,13 @@ def flaky_server(bench: Bench, trials: int, rng: random.Random) -> list[Trial]:
             notes = [f"{k} x{v}" for k, v in sorted(flaky.injected.items())]
             if code != 0:
                 notes.append(f"exit {code}")
-            got = outcome(home) if run_ids(home) else None
-            if got is None:
+            if not run_ids(home):
                 results.append(Trial(False, False, len(reference.rollouts), None, tuple(notes)))
                 continue
-            same, lost, tokens = compare(reference, got)
-            notes += differences(reference, got)
-            infra = sum(1 for r in got.rollouts.values() if r[2] == "infra_error")
+            infra = sum(1 for r in outcome(home).rollouts.values() if r[2] == "infra_error")
             if infra:
                 notes.append(f"{infra} rollouts recorded as infra errors")
             # The time a fault costs the run: the extra wall time over the reference, per fault.
             per_fault = max(took - ref_s, 0.0) / injected if injected else None
-            results.append(
-                Trial(got.status == "succeeded", same, lost, per_fault, tuple(notes), same_tokens=tokens)
-            )
-            bench.discard(home, results[-1])
+            results.append(bench.conclude(home, reference, notes, per_fault))
     return results

@@ -14,7 +14,7 @@ import signal
 import time
 
 from faultlib import Trial, fault
-from faultlib.harness import Bench, compare, differences, outcome, progress_after, run_ids
+from faultlib.harness import Bench, progress_after, run_ids
 
 RESUMED = frozenset({"resumed"})
 
@@ -28,12 +28,7 @@ def kill_and_resume(bench: Bench, mode: str, trials: int, rng: random.Random) ->
         proc = bench.start(home, "run", str(spec), *args)
         bench.await_record(home, proc)
         time.sleep(rng.uniform(0.0, 1.0) * reference.duration_s)
-        if proc.poll() is not None:  # ended before the kill came: not a trial, draw again
-            bench.discard(home)
-            continue
-        bench.kill(proc)
-        if bench.succeeded(home):  # the kill came as the finished process exited: draw again
-            bench.discard(home)
+        if not bench.kill_unfinished(home, proc):  # it ended before the kill: draw again
             continue
         killed_at = time.time()
         notes: list[str] = []
@@ -49,20 +44,9 @@ def kill_and_resume(bench: Bench, mode: str, trials: int, rng: random.Random) ->
             e.get("event") == "buffers_restored" and (e.get("batches") or e.get("groups")) for e in events
         ):
             notes.append("resumed with sampled batches buffered ahead")
-        got = outcome(home)
-        same, lost, tokens = compare(reference.outcome, got)
-        notes += differences(reference.outcome, got)
         results.append(
-            Trial(
-                got.status == "succeeded",
-                same,
-                lost,
-                progress_after(events, killed_at, RESUMED),
-                tuple(notes),
-                same_tokens=tokens,
-            )
+            bench.conclude(home, reference.outcome, notes, progress_after(events, killed_at, RESUMED))
         )
-        bench.discard(home, results[-1])
     return results
 
 
@@ -119,22 +103,7 @@ def ray_worker(bench: Bench, trials: int, rng: random.Random) -> list[Trial]:
             notes.append(f"exit {code}: {bench.log_of(proc).strip().splitlines()[-1:]}")
         if any(e.get("event") == "rollout_workers_lost" for e in events):
             notes.append("worker loss recorded")
-        got = outcome(home)
-        if got.retried:
-            notes.append("episodes cut short were recorded and run again")
-        same, lost, tokens = compare(reference.outcome, got)
-        notes += differences(reference.outcome, got)
-        results.append(
-            Trial(
-                got.status == "succeeded",
-                same,
-                lost,
-                progress_after(events, killed_at),
-                tuple(notes),
-                same_tokens=tokens,
-            )
-        )
-        bench.discard(home, results[-1])
+        results.append(bench.conclude(home, reference.outcome, notes, progress_after(events, killed_at)))
     return results
 
 
@@ -161,19 +130,6 @@ def ray_trainer(bench: Bench, trials: int, rng: random.Random) -> list[Trial]:
                 "the run failed naming the dead actor" if "actor" in str(last) else f"exit {code}: {last}"
             )
             bench.finish(bench.start(home, "run", "--resume", run_ids(home)[0], *args))
-        events = bench.events(home)
-        got = outcome(home)
-        same, lost, tokens = compare(reference.outcome, got)
-        notes += differences(reference.outcome, got)
-        results.append(
-            Trial(
-                got.status == "succeeded",
-                same,
-                lost,
-                progress_after(events, killed_at, RESUMED),
-                tuple(notes),
-                same_tokens=tokens,
-            )
-        )
-        bench.discard(home, results[-1])
+        recover = progress_after(bench.events(home), killed_at, RESUMED)
+        results.append(bench.conclude(home, reference.outcome, notes, recover))
     return results

@@ -15,7 +15,7 @@ import time
 import psutil
 
 from faultlib import Trial, fault
-from faultlib.harness import Bench, compare, differences, outcome, progress_after, run_ids
+from faultlib.harness import Bench, progress_after, run_ids
 
 RESUMED = frozenset({"resumed"})
 
@@ -50,14 +50,6 @@ def out_of_memory(bench: Bench, trials: int, rng: random.Random) -> list[Trial]:
             resumed = bench.start(home, "run", "--resume", run_ids(home)[0], *args)
             if bench.finish(resumed) != 0:
                 notes.append(f"resume failed: {bench.log_of(resumed).strip().splitlines()[-1:]}")
-        got = outcome(home)
-        if got.retried:
-            notes.append("episodes cut short by a refused allocation were recorded and run again")
-        same, lost, tokens = compare(reference.outcome, got)
-        notes += differences(reference.outcome, got)
         recover = progress_after(bench.events(home), capped_at, RESUMED) if code != 0 else None
-        results.append(
-            Trial(got.status == "succeeded", same, lost, recover, tuple(notes), same_tokens=tokens)
-        )
-        bench.discard(home, results[-1])
+        results.append(bench.conclude(home, reference.outcome, notes, recover))
     return results

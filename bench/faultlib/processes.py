@@ -16,7 +16,7 @@ import time
 import psutil
 
 from faultlib import Trial, fault
-from faultlib.harness import Bench, compare, differences, outcome, progress_after
+from faultlib.harness import Bench, progress_after
 
 ZYGOTE = "reprorl.envs.sandbox.worker"
 VERIFIER = "reprorl.rewards.worker"
@@ -62,23 +62,8 @@ def _kill_helpers(
         code = bench.finish(proc)
         if code != 0:
             notes.append(f"exit {code}: {bench.log_of(proc).strip().splitlines()[-1:]}")
-        got = outcome(home)
-        same, lost, tokens = compare(reference.outcome, got)
-        notes += differences(reference.outcome, got)
-        if got.retried:
-            notes.append("episodes cut short were recorded and run again")
-        events = bench.events(home)
-        results.append(
-            Trial(
-                got.status == "succeeded",
-                same,
-                lost,
-                progress_after(events, killed_at),
-                tuple(notes),
-                same_tokens=tokens,
-            )
-        )
-        bench.discard(home, results[-1])
+        recover = progress_after(bench.events(home), killed_at)
+        results.append(bench.conclude(home, reference.outcome, notes, recover))
     return results
 
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from faultlib import Trial, fault
-from faultlib.harness import Bench, compare, differences, outcome, progress_after, run_ids, stamp
+from faultlib.harness import Bench, progress_after, run_ids, stamp
 from faultlib.postgres import Cluster
 
 RESUMED = frozenset({"resumed"})
@@ -65,13 +65,8 @@ def disk_full(bench: Bench, trials: int, rng: random.Random) -> list[Trial]:
                 else:  # nothing was recorded: the run is simply started again
                     notes.append("full before the run's record: started again")
                     bench.finish(bench.start(home, "run", str(spec), *args))
-            got = outcome(home)
-            same, lost, tokens = compare(reference.outcome, got)
-            notes += differences(reference.outcome, got)
             recover = progress_after(bench.events(home), freed_at, RESUMED) if code != 0 else None
-            results.append(
-                Trial(got.status == "succeeded", same, lost, recover, tuple(notes), same_tokens=tokens)
-            )
+            results.append(bench.conclude(home, reference.outcome, notes, recover))
         finally:
             subprocess.run(["umount", "-l", str(mount)], check=False)
             shutil.rmtree(mount, ignore_errors=True)
@@ -118,12 +113,7 @@ def _damaged_on_resume(bench: Bench, trials: int, rng: random.Random, name: str,
         # Killed at a random point once it has written rollouts (something to damage).
         bench.await_event(home, proc, "rollouts_written")
         time.sleep(rng.uniform(0.0, 0.7) * reference.duration_s)
-        if proc.poll() is not None:
-            bench.discard(home)
-            continue
-        bench.kill(proc)
-        if bench.succeeded(home):  # the kill came as the finished process exited: draw again
-            bench.discard(home)
+        if not bench.kill_unfinished(home, proc):  # it ended before the kill: draw again
             continue
         notes = [damage(home, rng)]
         damaged_at = time.time()
@@ -133,20 +123,8 @@ def _damaged_on_resume(bench: Bench, trials: int, rng: random.Random, name: str,
         events = bench.events(home)
         if any(e.get("event") == "records_damaged" for e in events):
             notes.append("the damage was found and named on resume")
-        got = outcome(home)
-        same, lost, tokens = compare(reference.outcome, got)
-        notes += differences(reference.outcome, got)
-        results.append(
-            Trial(
-                got.status == "succeeded",
-                same,
-                lost,
-                progress_after(events, damaged_at, RESUMED),
-                tuple(notes),
-                same_tokens=tokens,
-            )
-        )
-        bench.discard(home, results[-1])
+        recover = progress_after(events, damaged_at, RESUMED)
+        results.append(bench.conclude(home, reference.outcome, notes, recover))
     return results
 
 
@@ -190,12 +168,6 @@ def postgres_restart(bench: Bench, trials: int, rng: random.Random) -> list[Tria
                 notes.append("reached the registry while the server was down, waited, and went on")
             elif code == 0:
                 notes.append("went on across the restart (the registry was not needed while down)")
-            got = outcome(home, registry=url)
-            same, lost, tokens = compare(reference.outcome, got)
-            notes += differences(reference.outcome, got)
             recover = progress_after(bench.events(home), back_at) if code == 0 else None
-            results.append(
-                Trial(got.status == "succeeded", same, lost, recover, tuple(notes), same_tokens=tokens)
-            )
-            bench.discard(home, results[-1])
+            results.append(bench.conclude(home, reference.outcome, notes, recover, registry=url))
     return results

@@ -144,7 +144,9 @@ class VerifierRunner:
             # its worker does so again, and only then is the crash its own. Scoring is a pure
             # function of the frozen state, so a second call cannot score differently.
             for attempt in range(2):
-                worker = self._idle.pop() if self._idle else await _Worker.start()
+                # The second try gets a new worker: whatever killed the first (a whole pool killed
+                # at once) may have taken the idle ones too.
+                worker = self._idle.pop() if self._idle and attempt == 0 else await _Worker.start()
                 self._busy.add(worker)
                 try:
                     kind, value = await worker.call(payload, self.timeout_s)

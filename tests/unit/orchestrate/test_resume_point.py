@@ -131,6 +131,7 @@ def test_a_damaged_part_a_checkpoint_keeps_ahead_rules_that_checkpoint_out(recor
         (MemoryError(), "memory"),
         (RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes"), "memory"),
         (type("OutOfMemoryError", (RuntimeError,), {})("CUDA out of memory"), "memory"),
+        (RuntimeError("could not create a primitive"), "memory"),
     ],
 )
 def test_running_out_of_memory_or_disk_is_one_line_naming_the_resume(exc: Exception, resource: str) -> None:

@@ -170,6 +170,36 @@ def test_a_worker_killed_from_outside_mid_call_costs_a_retry_not_the_score(tmp_p
     asyncio.run(go())
 
 
+def test_a_whole_verifier_pool_killed_mid_call_costs_a_retry_not_the_score(tmp_path: Path) -> None:
+    """Every worker killed at once (the pool's processes, not the verifier): the call in flight
+    goes to a new worker, not to an idle one that died with the rest."""
+
+    async def go() -> None:
+        async with VerifierRunner(workers=2, timeout_s=30.0) as runner:
+            state = _state(tmp_path, "1234")
+            # Two slow calls at once start both workers; both go back idle.
+            warm = await asyncio.gather(*(runner.score(SlowPidVerifier(0.5), TASK, state) for _ in range(2)))
+            pids = {int(components["pid"]) for components, _ in warm if components is not None}
+            assert len(pids) == 2
+            call = asyncio.create_task(runner.score(SlowVerifier(2.0), TASK, state))
+            await asyncio.sleep(0.8)
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+            components, why = await call
+            assert why is None and components == {"outcome": 1.0}
+
+    asyncio.run(go())
+
+
+@dataclass(frozen=True)
+class SlowPidVerifier(Verifier):
+    seconds: float = 0.5
+
+    def score(self, task: Task, state: FinalState) -> dict[str, float]:
+        time.sleep(self.seconds)
+        return {"outcome": 1.0, "pid": float(os.getpid())}
+
+
 def test_read_bytes_is_exact(tmp_path: Path) -> None:
     (tmp_path / "blob.bin").write_bytes(b"\xff\x00\xfe")
     assert _state(tmp_path, None).read_bytes("blob.bin") == b"\xff\x00\xfe"

@@ -16,7 +16,13 @@ __all__ = ["exhausted"]
 
 _DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
 _DISK_TEXTS = ("no space left on device", "database or disk is full", "disk quota exceeded")
-_MEMORY_TEXTS = ("can't allocate memory", "cannot allocate memory", "out of memory")
+# oneDNN answers a failed allocation of its scratchpad with "could not create a primitive".
+_MEMORY_TEXTS = (
+    "can't allocate memory",
+    "cannot allocate memory",
+    "out of memory",
+    "could not create a primitive",
+)
 
 
 def _chain(exc: BaseException) -> list[BaseException]:

@@ -12,19 +12,26 @@ bit-identical to an unbroken run.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from reprorl.errors import RecordError, StoreError
+from reprorl.errors import RecordError
+from reprorl.hashing import HASH_PREFIX
 from reprorl.orchestrate.run.checkpoint import (
+    LOOP_FILE,
     STEP_PREFIX,
     Checkpoint,
     checkpoints_root,
     verify_checkpoint,
 )
+from reprorl.policy.digest import file_hash
 from reprorl.store import RunRecord
-from reprorl.store.rollouts import DISCARDED_EVENT, find_parts, verify_part
+from reprorl.store.rollouts import DISCARDED_EVENT, find_parts
 from reprorl.store.runs import parse_log_line
 
 __all__ = ["Damage", "find_damage", "resume_checkpoint"]
@@ -49,13 +56,43 @@ def find_damage(record: RunRecord, *, metrics_upto: int | None = None) -> Damage
     and the last line a kill tore is expected there.
     """
     parts: dict[str, str] = {}
-    for path, step, digest in find_parts(record.path):
+    for path, _, digest in find_parts(record.path):
+        # A part's name is the sha256 of its bytes: hashing them finds any damage, without opening
+        # the Parquet file (every later read of the store checks the rest of it).
         try:
-            verify_part(path, step, digest, record.run_id)
-        except StoreError as exc:  # corrupt bytes, or a file that is not the part its name says
-            parts[path.relative_to(record.path).as_posix()] = str(exc)
+            actual = file_hash(path).removeprefix(HASH_PREFIX)
+        except OSError as exc:
+            parts[path.relative_to(record.path).as_posix()] = f"cannot read rollout part {path}: {exc}"
+            continue
+        if actual != digest:
+            parts[path.relative_to(record.path).as_posix()] = (
+                f"rollout part {path} is corrupt: its sha256 is {actual[:16]}…, its name says {digest[:16]}…"
+            )
     offset, line_no = _first_bad_line(record.path / "metrics.jsonl", metrics_upto)
     return Damage(parts, offset, line_no)
+
+
+def _find_damage_apart(record: RunRecord, metrics_upto: int) -> Damage:
+    """`find_damage` in a child interpreter: reading every record in this process before its first
+    sampling was measured to move that batch's logprobs by an ulp in some resumes."""
+    code = (
+        "import json, sys; from pathlib import Path; from reprorl.store import Store, RunRecord; "
+        "from reprorl.orchestrate.run.resume_point import find_damage; "
+        "d = find_damage(RunRecord(Store(Path(sys.argv[1])), sys.argv[2]), metrics_upto=int(sys.argv[3])); "
+        "print(json.dumps([d.parts, d.metrics_offset, d.metrics_line]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(record.store.root), record.run_id, str(metrics_upto)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**os.environ, "REPRORL_DB_URL": record.store.db_url},
+    )
+    if done.returncode != 0:
+        raise RecordError(f"run {record.run_id}: checking its records failed: {done.stderr.strip()[-300:]}")
+    parts, offset, line = json.loads(done.stdout.strip().splitlines()[-1])
+    return Damage(dict(parts), offset, line)
 
 
 def _first_bad_line(path: Path, upto: int | None) -> tuple[int | None, int | None]:
@@ -84,14 +121,7 @@ def resume_checkpoint(
     """
     root = checkpoints_root(record)
     candidates = sorted(root.glob(f"{STEP_PREFIX}*"), reverse=True) if root.is_dir() else []
-    verified: list[Checkpoint] = []
-    for path in candidates:
-        try:
-            verified.append(Checkpoint(path, verify_checkpoint(path)))
-        except RecordError as exc:
-            record.event("checkpoint_damaged", path=path.name, error=str(exc))
-    newest_len = max((c.state.metrics_bytes for c in verified), default=0)
-    damage = find_damage(record, metrics_upto=newest_len)
+    damage = _find_damage_apart(record, _newest_length(candidates))
     if damage:
         record.event(
             "records_damaged",
@@ -101,7 +131,13 @@ def resume_checkpoint(
         )
     checkpoint: Checkpoint | None = None
     keep: frozenset[str] = frozenset()
-    for candidate in verified:
+    # Newest first, each verified only when the ones after it were passed over.
+    for path in candidates:
+        try:
+            candidate = Checkpoint(path, verify_checkpoint(path))
+        except RecordError as exc:
+            record.event("checkpoint_damaged", path=path.name, error=str(exc))
+            continue
         wanted = keep_of(candidate)
         reason = _unusable(candidate, wanted, damage)
         if reason is None:
@@ -117,6 +153,18 @@ def resume_checkpoint(
         for name in gone:
             (record.path / name).unlink(missing_ok=True)
     return checkpoint, keep
+
+
+def _newest_length(candidates: list[Path]) -> int:
+    """The longest metrics length a checkpoint records (0 with none readable): the lines a resume
+    could keep. Read from each `loop.json` alone, before any checkpoint is verified."""
+    lengths = [0]
+    for path in candidates:
+        try:
+            lengths.append(int(json.loads((path / LOOP_FILE).read_text())["metrics_bytes"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return max(lengths)
 
 
 def _step_of_part(relative: str) -> int:

@@ -125,6 +125,7 @@ def stamp(record: dict[str, Any]) -> float:
 
 
 def outcome(home: Path, registry: str | None = None) -> Outcome:
+    from reprorl.errors import StoreError
     from reprorl.orchestrate.jobs.reproduce import result_figures
     from reprorl.store import RunRecord, Store
     from reprorl.store.rollout_query import RolloutStore
@@ -135,7 +136,11 @@ def outcome(home: Path, registry: str | None = None) -> Outcome:
     status = str(record.status()["status"])
     rollouts: dict[str, Any] = {}
     retried = 0
-    for t in RolloutStore(record).trajectories():
+    try:
+        trajectories = list(RolloutStore(record).trajectories())
+    except StoreError:  # a damaged part the run kept: its rollouts cannot be read back
+        status, trajectories = "records unreadable", []
+    for t in trajectories:
         if t.retried:
             retried += 1
             continue

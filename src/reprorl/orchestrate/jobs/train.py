@@ -21,14 +21,13 @@ from reprorl.orchestrate.pipeline.ray_engine import ray_launch
 from reprorl.orchestrate.pipeline.ray_workers import RayExecutor, connect_ray
 from reprorl.orchestrate.pipeline.steps import ewma_of, make_loss
 from reprorl.orchestrate.pipeline.timing import LiveTiming, RecordedTiming, Timing
-from reprorl.orchestrate.run.checkpoint import rewind
+from reprorl.orchestrate.run.checkpoint import latest_checkpoint, rewind
 from reprorl.orchestrate.run.engine import check_engine, open_engine
 from reprorl.orchestrate.run.exhaustion import exhausted
 from reprorl.orchestrate.run.judge_reward import check_judge, record_judge
 from reprorl.orchestrate.run.launch import create_run
 from reprorl.orchestrate.run.policies import chat_template_text, load_run_base
 from reprorl.orchestrate.run.preflight import check_run_leakage, record_leakage
-from reprorl.orchestrate.run.resume_point import resume_checkpoint
 from reprorl.orchestrate.run.setup import build_trainer
 from reprorl.store import RunRecord, Store
 from reprorl.trainer import LocalTrainer
@@ -91,7 +90,8 @@ async def train_run(
         )
         start, checkpoint = 0, None
         if resume is not None:
-            checkpoint, keep = resume_checkpoint(record, lambda c: loop.keep_on_resume(record, c))
+            checkpoint = latest_checkpoint(record)
+            keep = loop.keep_on_resume(record, checkpoint) if checkpoint is not None else frozenset()
             start = rewind(record, checkpoint, keep=keep)
             record.event("resumed", from_step=start, checkpoint=checkpoint.path.name if checkpoint else None)
         if checkpoint is not None:

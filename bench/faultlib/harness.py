@@ -308,11 +308,24 @@ class Bench:
         return Path(proc.log).read_text(errors="replace")  # type: ignore[attr-defined]
 
     def finish(self, proc: subprocess.Popen[bytes], timeout: float = RUN_TIMEOUT_S) -> int:
+        """The run's exit code; a run still going after `timeout` is hung: killed, and -9."""
         try:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            proc.stacks = stacks_of(proc.pid)  # type: ignore[attr-defined]
             self.kill(proc)
+            proc.hung = True  # type: ignore[attr-defined]
             return -9
+
+    @staticmethod
+    def stacks(proc: subprocess.Popen[bytes]) -> str:
+        """The stacks of a run `finish` found hung."""
+        return str(getattr(proc, "stacks", ""))
+
+    @staticmethod
+    def hung(proc: subprocess.Popen[bytes]) -> bool:
+        """Whether `finish` gave up on the run."""
+        return bool(getattr(proc, "hung", False))
 
     @staticmethod
     def kill(proc: subprocess.Popen[bytes]) -> None:
@@ -380,6 +393,16 @@ class Bench:
     def events(self, home: Path) -> list[dict[str, Any]]:
         runs = run_ids(home)
         return read_events(home, runs[0]) if runs else []
+
+
+def stacks_of(pid: int) -> str:
+    """Where a hung process waits: its threads' Python stacks (py-spy), or why they are unknown."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    try:
+        done = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"(no stacks: {exc})"
+    return done.stdout or done.stderr
 
 
 def wait_until(cond: Callable[[], bool], proc: subprocess.Popen[bytes] | None, timeout: float) -> float:

@@ -18,6 +18,7 @@ from faultlib import Trial, fault
 from faultlib.harness import Bench, progress_after, run_ids
 
 RESUMED = frozenset({"resumed"})
+HANG_S = 60.0
 
 
 @fault("trainer out of memory", "the run's address space capped mid-run; a clear error, then --resume")
@@ -38,9 +39,15 @@ def out_of_memory(bench: Bench, trials: int, rng: random.Random) -> list[Trial]:
             psutil.Process(proc.pid).rlimit(psutil.RLIMIT_AS, (mapped + headroom, resource.RLIM_INFINITY))
         except psutil.NoSuchProcess:
             notes.append("the run ended before the cap")
-        code = bench.finish(proc)
+        # A refused allocation must end the run or be survived, never leave it waiting for ever.
+        code = bench.finish(proc, timeout=HANG_S + 4 * reference.duration_s)
         lines = bench.log_of(proc).strip().splitlines()
-        if code == 0:
+        if bench.hung(proc):
+            main = bench.stacks(proc).split("Thread ")[1:2]  # the main thread's frames, innermost first
+            where = "; ".join(line.strip() for line in "".join(main).splitlines()[1:7])
+            limit = HANG_S + 4 * reference.duration_s
+            notes.append(f"hung under the cap: killed after {limit:.0f} s in {where}")
+        elif code == 0:
             notes.append("no allocation was refused")
         elif lines and "ran out of memory" in lines[-1]:
             notes.append("stopped with one line naming memory and the resume")

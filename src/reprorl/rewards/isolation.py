@@ -71,7 +71,13 @@ class _Worker:
         )
         worker = cls(process)
         # The launcher's import path, so a verifier pickled by reference (a plug-in module) imports there.
-        await worker._send(pickle.dumps([entry for entry in sys.path if entry]))
+        try:
+            await worker._send(pickle.dumps([entry for entry in sys.path if entry]))
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            # Killed as it started (a whole pool killed at once takes a starting worker too).
+            worker.kill()
+            await process.wait()
+            raise _WorkerDied("its process ended as it started") from exc
         return worker
 
     async def _send(self, payload: bytes) -> None:
@@ -146,7 +152,16 @@ class VerifierRunner:
             for attempt in range(2):
                 # The second try gets a new worker: whatever killed the first (a whole pool killed
                 # at once) may have taken the idle ones too.
-                worker = self._idle.pop() if self._idle and attempt == 0 else await _Worker.start()
+                try:
+                    worker = self._idle.pop() if self._idle and attempt == 0 else await _Worker.start()
+                except _WorkerDied as exc:
+                    self.restarts += 1
+                    if attempt == 0:
+                        continue
+                    return None, ScoreError(
+                        ScoreFailure.VERIFIER_CRASH,
+                        f"no verifier worker for {name} could start: {exc}",
+                    )
                 self._busy.add(worker)
                 try:
                     kind, value = await worker.call(payload, self.timeout_s)

@@ -180,9 +180,10 @@ class RolloutStore:
                     "hive_partitioning = true, hive_types = {'step': BIGINT})"
                 )
             else:
-                con.register("empty_rollouts", SCHEMA.empty_table())
-                con.execute(f"CREATE TABLE {VIEW} AS SELECT * FROM empty_rollouts")
-                con.unregister("empty_rollouts")
+                # Declared in SQL, not scanned from an empty Arrow table: Arrow's scanner waits on a
+                # thread of its own pool, and waits for ever where that thread cannot be created
+                # (an address-space limit reached).
+                con.execute(f"CREATE TABLE {VIEW} ({_declared(SCHEMA)})")
             con.execute("SET enable_external_access = false")
             con.execute("SET lock_configuration = true")
         except BaseException:
@@ -211,6 +212,8 @@ class RolloutStore:
                     raise RecordError(f"run {self.run_id}: {what}") from None
                 raise UserInputError(f"{what}; narrow the condition", field="where") from None
             except duckdb.OutOfMemoryException:
+                if self.memory_limit is None:
+                    raise  # the process is out of memory, not over a limit of the query's own
                 what = f"the query needed more than its {self.memory_limit} memory limit"
                 if where is None:
                     raise RecordError(f"run {self.run_id}: {what}") from None
@@ -332,3 +335,27 @@ def _literal(text: str) -> str:
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _sql_type(kind: pa.DataType) -> str:
+    """DuckDB's name for an Arrow type of the rollout schema."""
+    if pa.types.is_map(kind):
+        return f"MAP({_sql_type(kind.key_type)}, {_sql_type(kind.item_type)})"
+    if pa.types.is_list(kind):
+        return f"{_sql_type(kind.value_type)}[]"
+    if pa.types.is_struct(kind):
+        return f"STRUCT({_declared(kind)})"
+    names = {
+        pa.int32(): "INTEGER",
+        pa.int64(): "BIGINT",
+        pa.float64(): "DOUBLE",
+        pa.bool_(): "BOOLEAN",
+        pa.string(): "VARCHAR",
+    }
+    if kind not in names:
+        raise TypeError(f"no DuckDB type for Arrow {kind} in the rollout schema")
+    return names[kind]
+
+
+def _declared(fields: pa.Schema | pa.StructType) -> str:
+    return ", ".join(f"{_quote(f.name)} {_sql_type(f.type)}" for f in fields)

@@ -7,6 +7,9 @@ import socket
 import threading
 import time
 
+import pytest
+
+from reprorl.envs.sandbox.errors import SandboxError
 from reprorl.envs.sandbox.protocol import decode_control
 from reprorl.envs.sandbox.zygote import ZygoteClient
 
@@ -39,3 +42,44 @@ def test_every_sender_waiting_on_a_full_control_socket_gets_through() -> None:
     ours.close()
     theirs.close()
     assert sorted(received) == list(range(200))
+
+
+class _Refusing:
+    """A control socket whose messages cannot be taken: every recv is refused memory."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def recv(self, size: int) -> bytes:
+        raise MemoryError
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_message_that_cannot_be_taken_gives_up_the_channel_not_spins() -> None:
+    """A refused allocation in the reader leaves the socket readable: the reader is removed, waiting
+    callers get a `SandboxError`, and the error goes on to the loop once."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ours.setblocking(False)
+    seen: list[BaseException] = []
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _, context: seen.append(context["exception"]))
+        client = ZygoteClient(["x"], [])
+        client._control, client._loop, client._alive = _Refusing(ours), loop, True  # type: ignore[assignment]
+        loop.add_reader(ours.fileno(), client._on_readable)
+        waiting = loop.create_future()
+        client._pending[1] = waiting
+        theirs.send(b"{}")
+        with pytest.raises(SandboxError, match="MemoryError"):
+            await asyncio.wait_for(waiting, 5)
+        await asyncio.sleep(0.05)
+
+    asyncio.run(go())
+    theirs.close()
+    assert len(seen) == 1 and isinstance(seen[0], MemoryError)

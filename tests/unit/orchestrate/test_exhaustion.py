@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import operator
+import socket
+
 import pytest
 
 from reprorl.errors import ResourceExhaustedError
-from reprorl.orchestrate.run.exhaustion import exhausted
+from reprorl.orchestrate.run.exhaustion import CallbackExhaustion, exhausted
 
 
 @pytest.mark.parametrize(
@@ -17,6 +21,8 @@ from reprorl.orchestrate.run.exhaustion import exhausted
         (RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes"), "memory"),
         (type("OutOfMemoryError", (RuntimeError,), {})("CUDA out of memory"), "memory"),
         (RuntimeError("could not create a primitive"), "memory"),
+        (RuntimeError("std::bad_alloc"), "memory"),
+        (RuntimeError("can't start new thread"), "memory"),
     ],
 )
 def test_running_out_of_memory_or_disk_is_one_line_naming_the_resume(exc: Exception, resource: str) -> None:
@@ -35,3 +41,46 @@ def test_running_out_of_memory_or_disk_is_one_line_naming_the_resume(exc: Except
 def test_other_failures_are_not_taken_for_exhaustion() -> None:
     assert exhausted(RuntimeError("shape mismatch"), "RUN1", "/store") is None
     assert exhausted(OSError(13, "Permission denied"), "RUN1", "/store") is None
+
+
+def test_a_callback_out_of_memory_stops_the_task_instead_of_spinning() -> None:
+    """A reader whose callback cannot take its message is called again at once, for ever; asyncio
+    only logs each time. The first exhaustion cancels the task, and the watch holds it."""
+    calls = 0
+    ours, theirs = socket.socketpair()
+    theirs.send(b"x")  # readable until someone takes the byte, which the callback never does
+
+    def reader() -> None:
+        nonlocal calls
+        calls += 1
+        raise MemoryError
+
+    async def run() -> CallbackExhaustion:
+        loop = asyncio.get_running_loop()
+        with CallbackExhaustion() as watch:
+            loop.add_reader(ours.fileno(), reader)
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                pass
+            finally:
+                loop.remove_reader(ours.fileno())
+        return watch
+
+    watch = asyncio.run(asyncio.wait_for(run(), 10))
+    ours.close()
+    theirs.close()
+    assert isinstance(watch.error, MemoryError) and calls >= 1
+    failure = exhausted(watch.error, "RUN1", "/store")
+    assert failure is not None and failure.resource == "memory"
+
+
+def test_other_callback_errors_are_reported_as_before(caplog: pytest.LogCaptureFixture) -> None:
+    async def run() -> CallbackExhaustion:
+        with CallbackExhaustion() as watch:
+            asyncio.get_running_loop().call_soon(operator.truediv, 1, 0)
+            await asyncio.sleep(0.05)  # not cancelled: the run goes on
+        return watch
+
+    assert asyncio.run(run()).error is None
+    assert "ZeroDivisionError" in caplog.text

@@ -8,6 +8,7 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,7 @@ from reprorl.rewards import (
     Verifier,
     VerifierRunner,
     compose,
+    isolation,
     process_components,
 )
 from reprorl.rewards.verifiers.numeric import NumericAnswer, last_number
@@ -187,6 +189,40 @@ def test_a_whole_verifier_pool_killed_mid_call_costs_a_retry_not_the_score(tmp_p
                 os.kill(pid, signal.SIGKILL)
             components, why = await call
             assert why is None and components == {"outcome": 1.0}
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("killed_starts", [1, 2])
+def test_a_worker_killed_as_it_starts_is_a_retry_then_a_classified_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, killed_starts: int
+) -> None:
+    """A pool killed at once takes a worker still starting: its first message meets a closed pipe.
+    That start is tried again on a new worker; a second start lost too is a classified failure,
+    never an exception out of `score`."""
+    real = isolation.asyncio.create_subprocess_exec
+    starts = 0
+
+    async def killed_at_birth(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
+        nonlocal starts
+        process = await real(*args, **kwargs)
+        starts += 1
+        if starts <= killed_starts:
+            process.kill()
+            await process.wait()
+        return process
+
+    monkeypatch.setattr(isolation.asyncio, "create_subprocess_exec", killed_at_birth)
+
+    async def go() -> None:
+        async with VerifierRunner(workers=1, timeout_s=30.0) as runner:
+            components, why = await runner.score(PidVerifier(), TASK, _state(tmp_path, "1234"))
+            if killed_starts == 1:
+                assert why is None and components is not None and components["outcome"] == 1.0
+            else:
+                assert components is None and why is not None
+                assert why.kind is ScoreFailure.VERIFIER_CRASH and "could start" in why.message
+            assert runner.restarts == killed_starts
 
     asyncio.run(go())
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from reprorl.hashing import content_hash
 from reprorl.store import RunRecord, Store
 from reprorl.store.rollout_query import RolloutStore
 from reprorl.store.rollouts import (
+    COLUMNS,
     META_VERSION,
     ROLLOUT_SCHEMA_VERSION,
     SUMMARY_COLUMNS,
@@ -131,6 +134,44 @@ def test_an_empty_run_queries_as_an_empty_table(run_dir: Path) -> None:
     assert table.num_rows == 0 and tuple(table.column_names) == SUMMARY_COLUMNS
     with pytest.raises(NotFoundError):
         store.get("r1")
+
+
+def test_an_empty_run_has_the_columns_and_types_of_a_written_one(tmp_path: Path) -> None:
+    """The empty view is declared in SQL; its every column and type is what the part files give."""
+    empty, full = tmp_path / "empty" / "runs" / RUN, tmp_path / "full" / "runs" / RUN
+    empty.mkdir(parents=True)
+    full.mkdir(parents=True)
+    RolloutWriter(full).write(0, batch(0))
+    declared = RolloutStore(empty).query(columns=list(COLUMNS)).schema
+    stored = RolloutStore(full).query(columns=list(COLUMNS)).schema
+    assert [(f.name, f.type) for f in declared] == [(f.name, f.type) for f in stored]
+
+
+PROBE = """
+import resource, sys
+import duckdb, psutil
+from pathlib import Path
+from reprorl.store.rollout_query import RolloutStore
+store = RolloutStore(Path(sys.argv[1]))
+mapped = psutil.Process().memory_info().vms
+resource.setrlimit(resource.RLIMIT_AS, (mapped + (4 << 20), resource.RLIM_INFINITY))
+print(store.count())
+try:
+    print(store.query().num_rows)
+except duckdb.OutOfMemoryException as exc:  # refused: the cap left no room for the result
+    print("refused")
+"""
+
+
+def test_an_empty_run_queries_where_no_thread_can_start(run_dir: Path) -> None:
+    """Under an address-space limit no new thread's stack fits: the empty run still answers (an
+    Arrow scan there waits for ever, or fails and crashes the interpreter at exit)."""
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, str(run_dir)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    count, rows = done.stdout.split()
+    assert count == "0" and rows in ("0", "refused")
 
 
 def test_paths_with_quotes_are_safe(tmp_path: Path) -> None:

@@ -191,6 +191,11 @@ class ZygoteClient:
             except OSError as exc:
                 self._closed(f"the sandbox zygote's channel failed ({exc})")
                 return
+            except BaseException as exc:
+                # A message that cannot be taken (a refused allocation) would leave the socket
+                # readable, and this callback called again for ever: the channel is given up.
+                self._closed(f"the sandbox zygote's channel failed ({type(exc).__name__}: {exc})")
+                raise
             if not data:
                 self._closed("the sandbox zygote exited")
                 return

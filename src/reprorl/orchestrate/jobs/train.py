@@ -23,7 +23,7 @@ from reprorl.orchestrate.pipeline.steps import ewma_of, make_loss
 from reprorl.orchestrate.pipeline.timing import LiveTiming, RecordedTiming, Timing
 from reprorl.orchestrate.run.checkpoint import latest_checkpoint, rewind
 from reprorl.orchestrate.run.engine import check_engine, open_engine
-from reprorl.orchestrate.run.exhaustion import exhausted
+from reprorl.orchestrate.run.exhaustion import CallbackExhaustion, exhausted
 from reprorl.orchestrate.run.judge_reward import check_judge, record_judge
 from reprorl.orchestrate.run.launch import create_run
 from reprorl.orchestrate.run.policies import chat_template_text, load_run_base
@@ -57,66 +57,70 @@ async def train_run(
     record = resume or created or prepare_run(store, spec)
     record.set_status("running")
     engine = None
-    try:
-        loaded = load_run_base(store, spec)
-        trainer = build_trainer(store, loaded, spec)
-        determinism = (
-            make_deterministic(trainer.device)
-            if spec.learning.deterministic_cuda
-            else {"deterministic": False}
-        )
-        record.event(
-            "trainer_device",
-            **device_info(trainer.device, autocast_bf16=trainer.autocast_bf16),
-            **determinism,
-        )
-        ewma = ewma_of(make_loss(spec.learning), trainer)
-        executor = RayExecutor(ray) if ray is not None else LocalExecutor()
-        launch = None
-        if ray is not None and spec.model.vllm is not None and not spec.model.vllm.urls:
-            cluster = connect_ray(ray, spec.learning.pipeline.workers)
-            launch = ray_launch(cluster, spec.model.vllm, record.run_id, record.path / "engine" / "logs")
-        engine = open_engine(store, spec, record, loaded, launch=launch)
-        loop = TrainLoop(
-            store,
-            spec,
-            record,
-            loaded,
-            trainer,
-            ewma,
-            executor=executor,
-            timing=timing or LiveTiming(),
-            engine=engine,
-        )
-        start, checkpoint = 0, None
-        if resume is not None:
-            checkpoint = latest_checkpoint(record)
-            keep = loop.keep_on_resume(record, checkpoint) if checkpoint is not None else frozenset()
-            start = rewind(record, checkpoint, keep=keep)
-            record.event("resumed", from_step=start, checkpoint=checkpoint.path.name if checkpoint else None)
-        if checkpoint is not None:
-            loop.load(checkpoint.path)
-        elif spec.learning.sft_steps:
-            await loop.warm_start()
-            # RL starts with fresh moments: SFT's squared gradients would shrink RL's steps for
-            # hundreds of updates (β2 = 0.999).
-            trainer.reset_optimizer()
-            if ewma is not None:
-                ewma = loop.ewma = ewma_of(loop.loss, trainer)
-            loop.save(0)
-        await loop.run(start, show_progress=show_progress)
-        if loop.stopped is None:
-            finish(store, spec, record, trainer)
-    except BaseException as exc:
-        failure = exhausted(exc, record.run_id, str(store.root))
-        with contextlib.suppress(OSError):  # a full disk may refuse the status file too
-            record.set_status("failed", error=f"{type(exc).__name__}: {failure or exc}"[:500])
-        if failure is not None and failure is not exc:
-            raise failure from exc
-        raise
-    finally:
-        if engine is not None:
-            engine.close()
+    with CallbackExhaustion() as watch:
+        try:
+            loaded = load_run_base(store, spec)
+            trainer = build_trainer(store, loaded, spec)
+            determinism = (
+                make_deterministic(trainer.device)
+                if spec.learning.deterministic_cuda
+                else {"deterministic": False}
+            )
+            record.event(
+                "trainer_device",
+                **device_info(trainer.device, autocast_bf16=trainer.autocast_bf16),
+                **determinism,
+            )
+            ewma = ewma_of(make_loss(spec.learning), trainer)
+            executor = RayExecutor(ray) if ray is not None else LocalExecutor()
+            launch = None
+            if ray is not None and spec.model.vllm is not None and not spec.model.vllm.urls:
+                cluster = connect_ray(ray, spec.learning.pipeline.workers)
+                launch = ray_launch(cluster, spec.model.vllm, record.run_id, record.path / "engine" / "logs")
+            engine = open_engine(store, spec, record, loaded, launch=launch)
+            loop = TrainLoop(
+                store,
+                spec,
+                record,
+                loaded,
+                trainer,
+                ewma,
+                executor=executor,
+                timing=timing or LiveTiming(),
+                engine=engine,
+            )
+            start, checkpoint = 0, None
+            if resume is not None:
+                checkpoint = latest_checkpoint(record)
+                keep = loop.keep_on_resume(record, checkpoint) if checkpoint is not None else frozenset()
+                start = rewind(record, checkpoint, keep=keep)
+                named = checkpoint.path.name if checkpoint else None
+                record.event("resumed", from_step=start, checkpoint=named)
+            if checkpoint is not None:
+                loop.load(checkpoint.path)
+            elif spec.learning.sft_steps:
+                await loop.warm_start()
+                # RL starts with fresh moments: SFT's squared gradients would shrink RL's steps for
+                # hundreds of updates (β2 = 0.999).
+                trainer.reset_optimizer()
+                if ewma is not None:
+                    ewma = loop.ewma = ewma_of(loop.loss, trainer)
+                loop.save(0)
+            await loop.run(start, show_progress=show_progress)
+            if loop.stopped is None:
+                finish(store, spec, record, trainer)
+        except BaseException as exc:
+            # A callback's exhaustion cancels the run's task: the run fails with that error.
+            cause = watch.error or exc
+            failure = exhausted(cause, record.run_id, str(store.root))
+            with contextlib.suppress(OSError):  # a full disk may refuse the status file too
+                record.set_status("failed", error=f"{type(cause).__name__}: {failure or cause}"[:500])
+            if failure is not None and failure is not exc:
+                raise failure from exc
+            raise
+        finally:
+            if engine is not None:
+                engine.close()
     if loop.stopped is not None:
         record.set_status("stopped", reason=loop.stopped)
     else:

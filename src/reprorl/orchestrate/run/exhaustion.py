@@ -8,11 +8,14 @@ once there is more of the resource. Anything else is not recognised and stays as
 
 from __future__ import annotations
 
+import asyncio
 import errno
+from types import TracebackType
+from typing import Any
 
 from reprorl.errors import ResourceExhaustedError
 
-__all__ = ["exhausted"]
+__all__ = ["CallbackExhaustion", "exhausted"]
 
 _DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
 _DISK_TEXTS = ("no space left on device", "database or disk is full", "disk quota exceeded")
@@ -22,6 +25,8 @@ _MEMORY_TEXTS = (
     "cannot allocate memory",
     "out of memory",
     "could not create a primitive",
+    "can't start new thread",  # the new thread's stack was refused
+    "std::bad_alloc",  # C++ code's refused `new`, passed on by its binding
 )
 
 
@@ -70,3 +75,39 @@ def exhausted(exc: BaseException, run_id: str, home: str) -> ResourceExhaustedEr
         f"run, or {resume} on a machine with more",
         resource="memory",
     )
+
+
+class CallbackExhaustion:
+    """Stops the running task when an event-loop callback runs out of memory or disk.
+
+    asyncio logs a callback's exception and goes on; a reader whose callback cannot take its
+    message is called again at once, for ever. Entered inside the run's task, this turns the first
+    such error into the task's cancellation; `error` then holds it, for the run to fail with."""
+
+    def __init__(self) -> None:
+        self.error: BaseException | None = None
+
+    def __enter__(self) -> CallbackExhaustion:
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        self._previous = self._loop.get_exception_handler()
+        self._loop.set_exception_handler(self._handle)
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._loop.set_exception_handler(self._previous)
+
+    def _handle(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        if exc is not None and _resource(exc) is not None:
+            if self.error is None:
+                self.error = exc
+                if self._task is not None:
+                    self._task.cancel()
+            return
+        if self._previous is not None:
+            self._previous(loop, context)
+        else:
+            loop.default_exception_handler(context)

@@ -2,7 +2,9 @@
 
 Importing it turns the Hugging Face libraries offline for the whole process: models come from
 local files (the bundled GGUF, model folders, the artifact store) and nothing is downloaded. It
-also fixes glibc's malloc thresholds (`heap.py`), so a long run's memory is returned as it is freed.
+also fixes glibc's malloc thresholds (`heap.py`), so a long run's memory is returned as it is freed,
+and has MKL choose its vector math code paths in this thread (`vector_math.py`), so a first forward
+pass computes what every later one does.
 """
 
 import os
@@ -28,8 +30,10 @@ from reprorl.policy.lora import (
 from reprorl.policy.models import LoadedModel, export_safetensors, load_folder, save_model
 from reprorl.policy.tiny import TinyModelConfig, tiny_model
 from reprorl.policy.tiny_tokenizer import CHAT_TEMPLATE, build_tokenizer
+from reprorl.policy.vector_math import resolve_vector_math
 
 bound_heap()
+resolve_vector_math()
 
 __all__ = [
     "ATTENTION_PROJECTIONS",

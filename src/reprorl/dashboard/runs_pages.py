@@ -25,6 +25,7 @@ from reprorl.report.records import RunView
 from reprorl.report.render import BUILDERS
 from reprorl.report.tables import GUARD_EVENTS
 from reprorl.store.runs import FINAL_STATUSES, LogReadResult
+from reprorl.threads import off_loop
 
 router = APIRouter()
 STATUSES = ("created", "running", *sorted(FINAL_STATUSES))
@@ -285,7 +286,7 @@ def api_sections(request: Request, run_id: str) -> dict[str, Any]:
 async def api_stream(request: Request, run_id: str) -> StreamingResponse:
     """Server-sent events: `update` with the run's snapshot each time its logs or status change."""
     reader = reader_of(request)
-    cache = await asyncio.to_thread(reader.run, run_id)
+    cache = await off_loop(reader.run, run_id)
     interval: float = request.app.state.poll_s
 
     async def updates() -> AsyncIterator[str]:
@@ -295,8 +296,8 @@ async def api_stream(request: Request, run_id: str) -> StreamingResponse:
         # the server's shutdown.
         ends = asyncio.get_running_loop().time() + STREAM_S
         while not await request.is_disconnected() and asyncio.get_running_loop().time() < ends:
-            await asyncio.to_thread(cache.refresh)
-            now = await asyncio.to_thread(snapshot, cache)
+            await off_loop(cache.refresh)
+            now = await off_loop(snapshot, cache)
             if now != last:
                 yield f"event: update\ndata: {json.dumps(now)}\n\n"
                 last, quiet = now, 0.0

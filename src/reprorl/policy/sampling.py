@@ -33,6 +33,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from reprorl.actions import CLOSE
 from reprorl.policy.fast_llama import LlamaSteps, PackedLlama, fast_path_applies, packing_key
 from reprorl.policy.models import LoadedModel
+from reprorl.threads import native_thread
 from reprorl.types import SamplingParams
 
 FinishReason = Literal["stop", "length", "tool_call"]
@@ -106,11 +107,12 @@ def stop_token_ids(tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
     return frozenset(ids)
 
 
-# One batch decodes at a time in a process, whichever sampler it is on. Concurrent callers (an eval
-# point and the batch sampled ahead of it; batches of two policy versions) take turns: a batch never
-# decodes with a packing another batch made for its size, two batches never split the torch
-# threads the process was given (a rollout worker granted one CPU uses one), and each batch's CPU
-# seconds are its own.
+# One batch decodes at a time in a process, whichever sampler it is on, and always on the same
+# thread (`native_thread("decode")`, whose OpenMP team is made before memory can run short).
+# Concurrent callers (an eval point and the batch sampled ahead of it; batches of two policy
+# versions) take turns: a batch never decodes with a packing another batch made for its size, two
+# batches never split the torch threads the process was given (a rollout worker granted one CPU
+# uses one), and each batch's CPU seconds are its own.
 DECODING = threading.Lock()
 
 
@@ -146,6 +148,7 @@ class LocalSampler:
             max((len(tokenizer.encode(s, add_special_tokens=False)) for s in stop_strings), default=1) + 2
         )
         self._packed: PackedLlama | None = None  # kept between calls: packing costs a few decode steps
+        native_thread("decode")  # started now, with its thread team, while memory is plentiful
 
     @classmethod
     def from_loaded(cls, loaded: LoadedModel, *, policy_version: str | None = None) -> LocalSampler:
@@ -181,11 +184,7 @@ class LocalSampler:
         for row in rows:
             if not row.request.prompt_ids:
                 raise ValueError(f"request {row.request.key!r} has an empty prompt")
-        with DECODING, torch.inference_mode():
-            started = time.process_time()
-            self._decode(rows)
-            cpu_s = (time.process_time() - started) / len(rows)
-            policy_version = self.policy_version
+        cpu_s, policy_version = native_thread("decode").call(self._decode_in_turn, rows)
         return [
             Sample(
                 key=row.request.key,
@@ -204,6 +203,13 @@ class LocalSampler:
             )
             for row in rows
         ]
+
+    def _decode_in_turn(self, rows: list[_Row]) -> tuple[float, str]:
+        """Decode `rows` on the decode thread: CPU seconds per row, and the version of the weights used."""
+        with DECODING, torch.inference_mode():
+            started = time.process_time()
+            self._decode(rows)
+            return (time.process_time() - started) / len(rows), self.policy_version
 
     def _decode(self, rows: list[_Row]) -> None:
         lengths = [len(r.request.prompt_ids) for r in rows]

@@ -75,8 +75,7 @@ class _Worker:
             await worker._send(pickle.dumps([entry for entry in sys.path if entry]))
         except (BrokenPipeError, ConnectionResetError) as exc:
             # Killed as it started (a whole pool killed at once takes a starting worker too).
-            worker.kill()
-            await process.wait()
+            await worker.reap()
             raise _WorkerDied("its process ended as it started") from exc
         return worker
 
@@ -117,8 +116,15 @@ class _Worker:
         try:
             await asyncio.wait_for(self.process.wait(), STOP_TIMEOUT_S)
         except TimeoutError:
-            self.kill()
-            await self.process.wait()
+            await self.reap()
+
+    async def reap(self) -> None:
+        """Kill the process and wait a bounded time for its exit to be seen: the exit of a killed
+        process can be lost (the thread that waits for it refused by a full address space), and a
+        pool must not wait for ever on one."""
+        self.kill()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.process.wait(), STOP_TIMEOUT_S)
 
 
 class VerifierRunner:
@@ -197,7 +203,7 @@ class VerifierRunner:
         self.restarts += 1
         worker.kill()
         with contextlib.suppress(Exception):
-            asyncio.get_running_loop().create_task(worker.process.wait())
+            asyncio.get_running_loop().create_task(worker.reap())
 
     async def aclose(self) -> None:
         workers = [*self._idle, *self._busy]

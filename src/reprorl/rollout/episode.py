@@ -19,6 +19,7 @@ from reprorl.envs.base import ToolEnv
 from reprorl.envs.sandbox import SandboxPool
 from reprorl.hashing import derive_seed
 from reprorl.rewards import FinalState, Verifier, VerifierRunner, compose, process_components, step_scores
+from reprorl.threads import off_loop
 from reprorl.types import (
     NOT_SCORED,
     Message,
@@ -218,7 +219,7 @@ async def run_episode(
                 # A link, FIFO, socket or device in the final state is the agent's doing (no built-in
                 # env leaves one): scored 0 at once, before a verifier could block on it or follow it,
                 # or an agent would learn to dodge bad rewards by breaking its verifier.
-                planted = await asyncio.to_thread(state.special_entries)
+                planted = await off_loop(state.special_entries)
                 if planted:
                     components, failure = None, None
                     progress.score_failure = ScoreFailure.AGENT_STATE

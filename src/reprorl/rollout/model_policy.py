@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from reprorl.policy.chat import ChatRenderer
 from reprorl.policy.sampling import Sample, Sampler, SampleRequest
 from reprorl.rollout.episode import PolicyOutput
+from reprorl.threads import off_loop
 from reprorl.types import Message, SamplingParams
 
 Future = asyncio.Future[tuple[Sample, float]]  # a waiting request's sample and CPU share
@@ -104,7 +105,7 @@ class Lockstep:
 
     async def _run_chunk(self, chunk: list[tuple[SampleRequest, Future]]) -> None:
         try:
-            samples, cpu = await asyncio.to_thread(self._sample, [r for r, _ in chunk])
+            samples, cpu = await off_loop(self._sample, [r for r, _ in chunk])
         except Exception as exc:
             if len(chunk) > 1:
                 # One bad request must not fail its neighbours: sample each row on its own, so

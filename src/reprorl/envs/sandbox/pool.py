@@ -37,6 +37,7 @@ from reprorl.envs.sandbox.limits import SandboxLimits
 from reprorl.envs.sandbox.quota import bound_work
 from reprorl.envs.sandbox.sandbox import Sandbox
 from reprorl.envs.sandbox.zygote import ZygoteClient
+from reprorl.threads import off_loop
 
 DEFAULT_UID_BASE = 2_000_000
 DEFAULT_MAX_SANDBOXES = 4096
@@ -118,7 +119,7 @@ class SandboxPool:
         if self._started:
             return self
         prepare_root(self.root)
-        self.reaped = await asyncio.to_thread(reap_sandboxes, self.root)
+        self.reaped = await off_loop(reap_sandboxes, self.root)
         self._zygote = ZygoteClient(self.modules, self.sys_path)
         await self._zygote.start()
         self._started = True
@@ -199,7 +200,7 @@ class SandboxPool:
             with contextlib.suppress(Exception):
                 await sandbox.close()
             if dirs.base.exists():
-                await asyncio.to_thread(remove_sandbox_dir, dirs.base)
+                await off_loop(remove_sandbox_dir, dirs.base)
             raise
         return sandbox
 

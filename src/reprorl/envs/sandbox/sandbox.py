@@ -32,6 +32,7 @@ from reprorl.envs.sandbox.limits import SandboxLimits
 from reprorl.envs.sandbox.protocol import FRAME_OVERHEAD_BYTES, ProtocolError, encode, read_frame, reply_limit
 from reprorl.envs.sandbox.result import CallResult
 from reprorl.envs.sandbox.zygote import ExitInfo, ZygoteClient
+from reprorl.threads import off_loop
 
 HELLO_TIMEOUT_S = 30.0
 # How long a dead sandbox's exit status may take to arrive before the crash is reported without it.
@@ -197,7 +198,7 @@ class Sandbox:
         self._state = "closed"
         async with self._lock:
             try:
-                await asyncio.to_thread(remove_sandbox_dir, self.dir)
+                await off_loop(remove_sandbox_dir, self.dir)
             except OSError as exc:
                 failure = failure or SandboxError(f"could not remove sandbox directory {self.dir}: {exc}")
             finally:
@@ -359,7 +360,7 @@ class Sandbox:
             zygote = await self._host.zygote()
             await zygote.kill(uid=self.uid, pgid=pgid, token=self._token())
         except SandboxError as exc:
-            if not await asyncio.to_thread(_kill_without_zygote, self.uid, pgid):
+            if not await off_loop(_kill_without_zygote, self.uid, pgid):
                 raise SandboxError(f"sandbox {self.id}: processes survived SIGKILL ({exc})") from None
         self._needs_purge = False
 

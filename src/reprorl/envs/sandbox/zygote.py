@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 from reprorl.envs.sandbox.errors import SandboxError
 from reprorl.envs.sandbox.protocol import CONTROL_MESSAGE_BYTES, decode_control, encode_control
+from reprorl.threads import off_loop
 
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 10.0
@@ -131,10 +132,10 @@ class ZygoteClient:
         if process is None:
             return
         try:
-            await asyncio.wait_for(asyncio.to_thread(process.wait), STOP_TIMEOUT_S)
+            await asyncio.wait_for(off_loop(process.wait), STOP_TIMEOUT_S)
         except TimeoutError:
             process.kill()
-            await asyncio.to_thread(process.wait)
+            await off_loop(process.wait)
 
     async def _request(self, message: dict[str, Any], fds: Sequence[int] = ()) -> dict[str, Any]:
         if not self._alive or self._loop is None:

@@ -10,7 +10,6 @@ nothing that tells them apart. A judge is refused when the pooled fooled rate ex
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +24,7 @@ from reprorl.rewards.audit import PROBES
 from reprorl.rollout.families import FAMILIES, Family
 from reprorl.rollout.reward_audit import ORACLE, TASKS, audit_tasks, probe_episodes
 from reprorl.store import ArtifactVersion, Store
+from reprorl.threads import off_loop
 from reprorl.types import Split, Task, Termination, Trajectory, Turn
 
 RUN_ID = "judge-audit"
@@ -181,7 +181,7 @@ async def audit_judge(
     wrong = [(task, w) for task in real if (w := wrong_answer(task)) is not None]
     plays[(WRONG[0], ANSWER, WRONG[1])] = [(answered(task, w, WRONG[0]), task) for task, w in wrong]
     items: list[tuple[Trajectory, Task | str]] = [item for played in plays.values() for item in played]
-    scores = iter(await asyncio.to_thread(judge.score_many, items))
+    scores = iter(await off_loop(judge.score_many, items))
     cells = [_cell(attack, kind, what, played, scores) for (attack, kind, what), played in plays.items()]
     control = next(c for c in cells if c.kind == CONTROL)
     attacks = tuple(c for c in cells if c.kind != CONTROL)

@@ -14,7 +14,6 @@ Two modes:
 
 from __future__ import annotations
 
-import asyncio
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack
@@ -48,6 +47,7 @@ from reprorl.rollout.judging import judged
 from reprorl.rollout.model_policy import ModelPolicy
 from reprorl.store import RunRecord, Store, find_run
 from reprorl.store.rollout_query import RolloutStore
+from reprorl.threads import off_loop
 from reprorl.types import Task, Trajectory, parse_sample_key, sample_key
 
 
@@ -149,7 +149,7 @@ class Replayer:
         if key in self._batches:
             self._batches.move_to_end(key)
             return self._batches[key]
-        samples = await asyncio.to_thread(opened.sampler.sample, requests)
+        samples = await off_loop(opened.sampler.sample, requests)
         self.batches_sampled += 1
         self._batches[key] = samples
         if len(self._batches) > self._cached_batches:
@@ -217,8 +217,8 @@ class Replayer:
             async def asked(request: SampleRequest) -> tuple[Sample, float]:
                 _, index, _choice = parse_sample_key(request.key)
                 turn = target.turns[min(index, len(target.turns) - 1)]
-                sampler = await asyncio.to_thread(self.engines.sampler, record, spec, turn.policy_version)
-                (sample,) = await asyncio.to_thread(sampler.sample, [request])
+                sampler = await off_loop(self.engines.sampler, record, spec, turn.policy_version)
+                (sample,) = await off_loop(sampler.sample, [request])
                 self.batches_sampled += 1  # vLLM is asked one request at a time: a batch of one
                 if index < len(target.turns) and request.prompt_ids == target.context_ids(index):
                     compare_sample(report, index, target, sample)

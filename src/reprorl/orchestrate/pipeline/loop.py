@@ -64,6 +64,7 @@ from reprorl.policy.vllm_engine import RolloutEngine
 from reprorl.rollout.runner import RolloutJob, RolloutResult, RolloutRunner, plan_groups
 from reprorl.store import RunRecord, Store
 from reprorl.store.rollouts import RolloutWriter
+from reprorl.threads import native_thread
 from reprorl.trainer import AdamParams, Datum, EWMAWeights, LocalTrainer
 from reprorl.types import Split
 
@@ -107,6 +108,7 @@ class TrainLoop:
         )
         self.stopped: str | None = None  # why a rule ended the run early
         self.keeper = VersionKeeper(record)  # every version sampled from, so each rollout replays
+        native_thread("train")  # started now, with its thread team, while memory is plentiful
         self.budget = BudgetMeter(spec.budget)  # what was spent; `run()` reads it from the record
         pipeline = learning.pipeline
         self.engine = engine
@@ -293,7 +295,7 @@ class TrainLoop:
         if self.stopped:
             data = []
         t1, c1 = time.perf_counter(), time.process_time()
-        train = await asyncio.to_thread(self.update, data, step)
+        train = await native_thread("train").run(self.update, data, step)
         train_s = time.perf_counter() - t1
         cycle = time.perf_counter() - self._busy_since
         self._busy_since = time.perf_counter()

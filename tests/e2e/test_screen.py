@@ -170,3 +170,34 @@ def test_a_killed_screen_resumes_without_screening_a_task_twice(
     assert sorted(m["step"] for m in lines) == list(range(8))  # each chunk once
     ids = [t.rollout_id for t in RolloutStore(RunRecord(Store(home), run)).trajectories()]
     assert len(ids) == len(set(ids)) == 32 * 2 + 32 * 7
+
+
+def test_a_screen_resumed_over_damaged_records_screens_those_chunks_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = tiny_home(tmp_path, "home")
+    args = ["tasks", "screen", "calc-eval", "--policy", "oracle", "-k", "2", "--chunk", "4", "--replays", "0"]
+    cli = Cli(home, capsys)
+    reference = cli.ok_json(*args)
+    (run,) = run_ids(home)
+    record = RunRecord(Store(home), run)
+    before = sorted(t.rollout_id for t in RolloutStore(record).trajectories())
+    part = sorted((record.path / "rollouts" / "step=000001").glob("part-*.parquet"))[0]
+    data = bytearray(part.read_bytes())
+    data[len(data) // 2] ^= 0x04
+    part.write_bytes(bytes(data))
+    metrics = record.path / "metrics.jsonl"
+    lines = metrics.read_bytes().splitlines(keepends=True)
+    line = bytearray(lines[5])
+    line[line.index(b'"tasks"') + 9] ^= 0x02  # a digit of one chunk's task count
+    lines[5] = bytes(line)
+    metrics.write_bytes(b"".join(lines))
+
+    resumed = cli.ok_json("tasks", "screen", "--resume", run)
+    assert resumed["counts"] == reference["counts"]
+    record = RunRecord(Store(home), run)
+    assert record.metrics().bad_lines == []
+    assert sorted(m["step"] for m in record.metrics().records) == list(range(8))  # each chunk once
+    assert sorted(t.rollout_id for t in RolloutStore(record).trajectories()) == before
+    (found,) = [e for e in record.events().records if e["event"] == "records_damaged"]
+    assert found["parts"] == [part.relative_to(record.path).as_posix()] and found["metrics_line"] == 6

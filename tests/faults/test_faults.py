@@ -52,6 +52,14 @@ def test_a_helper_process_killed_under_a_run_leaves_it_bit_identical(bench: Benc
     assert trial.identical, trial.notes
 
 
+@pytest.mark.parametrize("name", ["corrupt rollout part", "torn or altered metrics line"])
+def test_records_damaged_before_a_resume_are_written_again(bench: Bench, name: str) -> None:
+    trial = _one(bench, name)
+    _whole(trial)
+    assert trial.identical, trial.notes
+    assert "the damage was found and named on resume" in trial.notes
+
+
 def test_a_full_disk_is_one_line_and_the_resume_after_freeing_space_is_exact(bench: Bench) -> None:
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("mounting the small tmpfs the store fills needs root")

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from reprorl.config.screen import ScreenSpec
 from reprorl.errors import UserInputError
 from reprorl.evaluation.screening import ScreenReport, TaskScreen
+from reprorl.orchestrate.run.damage import drop_damaged_steps
 from reprorl.orchestrate.run.policies import open_policy
 from reprorl.orchestrate.run.rollouts import load_taskset, progress_bar
 from reprorl.policy.chat import ChatRenderer
@@ -241,6 +242,7 @@ class Screener:
         self, show_progress: bool = False, *, ray: str | None = None, workers: int = 1
     ) -> list[TaskScreen]:
         """Screen every chunk not on record: here, or on `workers` Ray actors at `ray`."""
+        drop_damaged_steps(self.record)  # chunks whose records were damaged on disk are screened again
         done = self.done()
         self.sweep(done)
         todo = [i for i in range(len(self.chunks)) if i not in done]

@@ -21,7 +21,8 @@ from reprorl.orchestrate.pipeline.ray_engine import ray_launch
 from reprorl.orchestrate.pipeline.ray_workers import RayExecutor, connect_ray
 from reprorl.orchestrate.pipeline.steps import ewma_of, make_loss
 from reprorl.orchestrate.pipeline.timing import LiveTiming, RecordedTiming, Timing
-from reprorl.orchestrate.run.checkpoint import latest_checkpoint, rewind
+from reprorl.orchestrate.run.checkpoint import rewind
+from reprorl.orchestrate.run.damage import resume_point
 from reprorl.orchestrate.run.engine import check_engine, open_engine
 from reprorl.orchestrate.run.exhaustion import CallbackExhaustion, exhausted
 from reprorl.orchestrate.run.judge_reward import check_judge, record_judge
@@ -91,8 +92,7 @@ async def train_run(
             )
             start, checkpoint = 0, None
             if resume is not None:
-                checkpoint = latest_checkpoint(record)
-                keep = loop.keep_on_resume(record, checkpoint) if checkpoint is not None else frozenset()
+                checkpoint, keep = resume_point(record, loop.keep_on_resume)
                 start = rewind(record, checkpoint, keep=keep)
                 named = checkpoint.path.name if checkpoint else None
                 record.event("resumed", from_step=start, checkpoint=named)

@@ -178,6 +178,7 @@ class ArrivalSource:
     def keep_on_resume(self, record: RunRecord, checkpoint: Checkpoint) -> frozenset[str]:
         """The parts a resume keeps: groups finished (before the checkpoint or after it, from a
         version it holds) and groups trained ahead of their planned step."""
+        self.state, self.kept, self.resampled = None, {}, {}  # a resume may try older checkpoints
         state = load_arrivals(checkpoint.path)
         if state is None:
             return frozenset()

@@ -53,7 +53,11 @@ class Source(Protocol):
     name: str  # as `learning.pipeline.source` names it
 
     def keep_on_resume(self, record: RunRecord, checkpoint: Checkpoint) -> frozenset[str]:
-        """Rollout parts past `checkpoint` that a resume keeps (it reads them back instead)."""
+        """Rollout parts past `checkpoint` that a resume keeps (it reads them back instead).
+
+        A resume may ask for several checkpoints, newest first (run/damage.py); the last one
+        asked is the one it resumes from.
+        """
         ...
 
     async def restore(self, start: int) -> None:

@@ -202,6 +202,7 @@ class PlannedSource:
 
     def keep_on_resume(self, record: RunRecord, checkpoint: Checkpoint) -> frozenset[str]:
         """The rollout parts of batches sampled ahead that the resumed run will train on."""
+        self._restored, self._survivors = None, []  # a resume may try older checkpoints
         path = checkpoint.path / PIPELINE_FILE
         if not path.exists():
             return frozenset()

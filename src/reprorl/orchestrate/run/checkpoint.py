@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,15 +142,21 @@ def verify_checkpoint(path: Path) -> LoopState:
     return LoopState(**json.loads((path / LOOP_FILE).read_text()))
 
 
-def latest_checkpoint(record: RunRecord) -> Checkpoint | None:
-    """The newest checkpoint that verifies; a damaged newer one is logged and passed over."""
+def intact_checkpoints(record: RunRecord) -> Iterator[Checkpoint]:
+    """The step checkpoints that verify, newest first; a damaged one is logged and passed over."""
     root = checkpoints_root(record)
     for path in sorted(root.glob(f"{STEP_PREFIX}*"), reverse=True) if root.is_dir() else []:
         try:
-            return Checkpoint(path, verify_checkpoint(path))
+            state = verify_checkpoint(path)
         except RecordError as exc:
             record.event("checkpoint_damaged", path=path.name, error=str(exc))
-    return None
+            continue
+        yield Checkpoint(path, state)
+
+
+def latest_checkpoint(record: RunRecord) -> Checkpoint | None:
+    """The newest checkpoint that verifies."""
+    return next(intact_checkpoints(record), None)
 
 
 def rewind(record: RunRecord, checkpoint: Checkpoint | None, *, keep: frozenset[str] = frozenset()) -> int:
@@ -180,6 +187,9 @@ def rewind(record: RunRecord, checkpoint: Checkpoint | None, *, keep: frozenset[
         record.event(DISCARDED_EVENT, parts=discarded, reason="resume", from_step=next_step)
         for name in discarded:
             (record.path / name).unlink(missing_ok=True)
+    # Parts a resume found damaged and set aside: their discard is logged already (run/damage.py).
+    for aside in (record.path / ROLLOUTS_DIR).glob("step=*/part-*.parquet.damaged"):
+        aside.unlink(missing_ok=True)
     for step_dir in (record.path / ROLLOUTS_DIR).glob("step=*"):
         if step_dir.is_dir() and not any(step_dir.iterdir()):
             step_dir.rmdir()

@@ -84,3 +84,26 @@ def test_other_callback_errors_are_reported_as_before(caplog: pytest.LogCaptureF
 
     assert asyncio.run(run()).error is None
     assert "ZeroDivisionError" in caplog.text
+
+
+_CAPPED = """
+import os, resource, sys
+from reprorl.orchestrate.run.exhaustion import exhausted
+error = SystemError("error return without exception set")
+print(exhausted(error, "RUN1", "/store") is None)
+mapped = int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+resource.setrlimit(resource.RLIMIT_AS, (mapped + (16 << 20), resource.RLIM_INFINITY))
+failure = exhausted(error, "RUN1", "/store")
+resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+print(failure is not None and failure.resource == "memory")
+"""
+
+
+def test_an_unnamed_error_near_the_address_space_cap_is_put_down_to_memory() -> None:
+    """A C extension that fails an allocation may raise SystemError: with the process at its cap it
+    is memory, without a cap the same error stays as raised."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _CAPPED], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["True", "True"], out.stderr

@@ -34,21 +34,22 @@ def test_a_bad_target_is_one_user_error_naming_the_option(text: str, says: str) 
 
 
 @pytest.mark.parametrize(
-    ("kind", "module", "extra"),
+    ("kind", "modules", "extra"),
     [
-        ("tensorboard", "tensorboardX", "tensorboard"),
-        ("mlflow", "mlflow", "mlflow"),
-        ("wandb", "wandb", "wandb"),
+        ("tensorboard", ("tensorboardX",), "tensorboard"),
+        ("mlflow", ("mlflow", "alembic"), "mlflow"),
+        ("wandb", ("wandb",), "wandb"),
     ],
 )
 def test_a_sink_whose_package_is_missing_names_the_extra_to_install(
-    kind: str, module: str, extra: str, monkeypatch: pytest.MonkeyPatch
+    kind: str, modules: tuple[str, ...], extra: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(sys.modules, module, None)  # how Python spells "this module cannot be imported"
+    for module in modules:  # each of them missing, whatever this machine has installed
+        monkeypatch.setitem(sys.modules, module, None)  # how Python spells "this module cannot be imported"
     with pytest.raises(UserInputError) as error:
         parse_targets([f"{kind}:out"])
     assert str(error.value) == (
-        f"sink {kind} needs {module}, which is not installed: pip install 'reprorl[{extra}]'"
+        f"sink {kind} needs {', '.join(modules)}, which is not installed: pip install 'reprorl[{extra}]'"
     )
 
 

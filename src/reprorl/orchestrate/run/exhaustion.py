@@ -3,13 +3,18 @@
 Running out of memory (a `MemoryError`, torch's allocator refusing a tensor, CUDA out of memory) or
 of disk (`ENOSPC`, a quota, SQLite's "database or disk is full") is the machine's fault, not the
 run's: everything it wrote is checkpointed or cut on resume like a kill, so the same run continues
-once there is more of the resource. Anything else is not recognised and stays as raised.
+once there is more of the resource. An error that names neither is put down to memory when the
+process is measurably short of it (near its address-space cap, or refused a 32 MiB block), since
+code that fails an allocation does not always say so; anything else stays as raised.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import os
+import resource
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -39,7 +44,38 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return seen
 
 
+# An error raised with less address space than this left under the process's cap (or when a block
+# this size cannot be had) is put down to memory, whatever it says.
+_HEADROOM = 128 << 20
+
+
+def _memory_short() -> bool:
+    """Whether the process is out of memory now: near its address-space cap, or refused a block."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft != resource.RLIM_INFINITY:
+            pages = int(Path("/proc/self/statm").read_text().split()[0])
+            mapped = pages * os.sysconf("SC_PAGE_SIZE")
+            if soft - mapped < _HEADROOM:
+                return True
+        bytearray(_HEADROOM // 4)
+    except MemoryError:
+        return True
+    except (OSError, ValueError):
+        return False
+    return False
+
+
 def _resource(exc: BaseException) -> str | None:
+    named = _named_resource(exc)
+    if named is None and _memory_short():
+        # Code that fails an allocation does not always say so: a C extension returning NULL
+        # without an exception surfaces as SystemError, half-built objects as anything.
+        return "memory"
+    return named
+
+
+def _named_resource(exc: BaseException) -> str | None:
     for link in _chain(exc):
         text = str(link).lower()
         if isinstance(link, OSError) and link.errno in _DISK_ERRNOS:

@@ -1,51 +1,87 @@
-"""Learning check on the real model: held-out success before and after RL, for several seeds, with 95% CIs.
+"""Learning check on the real model: held-out success before and after RL, per family and seed, with 95%
+CIs, and (`--control sft`) against an SFT-only run given the same compute.
 
-Per seed, in one scratch store: the demo recipe (`configs/demo.toml`: SmolLM2-135M-Instruct, LoRA
-r16 on every linear layer, 8 SFT steps on oracle demonstrations of which a quarter are deliberately
-wrong, then 10 PPO-clip steps of 4 tasks x 8 rollouts at lr 3e-4 on the calculator family, sampled
-in bfloat16) with that seed, evaluated on a held-out suite (the family's eval and holdout splits,
-never trained on) before the first RL step and after the last. It prints per seed: success before
-and after (bootstrap 95% interval over tasks), the paired change with its interval and p-value,
-whether the two intervals overlap, and the CPU and wall minutes the RL phase took (rollouts +
-updates; eval points excluded). Run it alone, or give each process one thread
-(`OMP_NUM_THREADS=1`): torch processes sharing two cores with two threads each wait on each other.
+Per family and seed, in one scratch store: the family's recipe (`--recipe`, by default `configs/demo.toml`
+for calc and `configs/<family>.toml` for the others: SmolLM2-135M-Instruct, LoRA, an SFT warm start on
+oracle demonstrations, then RL) with that seed, evaluated on a held-out suite (the family's eval and
+holdout splits, never trained on) at the step-0 eval point (after the warm start, before any RL) and
+after the last step. `mixed` is one run over calc + sql + files (`configs/mixed.toml`: a merged train
+set, each step drawing every family its weighted share), measured on each family's held-out suite.
 
-    .venv/bin/python bench/learning.py [--seeds 0 1 2] [--steps N] [--lr LR] [--heldout 128] [--keep DIR]
+It prints per run and suite: success before and after (bootstrap 95% interval over tasks), the paired
+change with its interval and p-value, whether the two intervals overlap, and the CPU and wall minutes
+of the RL phase (rollouts + updates; eval points excluded). With `--control sft`, each RL run gets a
+control run of the same spec with no RL step (`learning.steps = 0`) and as many more SFT steps as
+take the RL phase's CPU time at the warm start's measured CPU seconds per SFT step; the table adds
+the control's held-out success, its CPU minutes, and RL's paired margin over it (per task, p-value by
+sign flips), and a last line per family pools the margin over the seeds (pairs are seed x task).
+Run it alone: torch processes sharing two cores with two threads each wait on each other.
 
-Then the sql and files families with the same recipe (`--families`), whatever they reach.
+    .venv/bin/python bench/learning.py [--families calc sql files mixed] [--seeds 0 1 2] [--control sft]
+        [--steps N] [--lr LR] [--heldout 128] [--recipe FILE] [--set FIELD=VALUE ...] [--keep DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import tempfile
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
-from reprorl.config import load_spec, resolve_spec
+from reprorl.config import RunSpec, load_spec, resolve_spec
 from reprorl.envs.families import calculator, files, sql
 from reprorl.evaluation import intervals_overlap
+from reprorl.evaluation.metrics import task_interval
+from reprorl.evaluation.stats import Estimate, PairedDifference, paired_difference
+from reprorl.hashing import derive_seed
 from reprorl.orchestrate.jobs.train import train_run
-from reprorl.orchestrate.run.outcome import eval_outcomes
+from reprorl.orchestrate.run.outcome import suite_points
 from reprorl.policy.gguf import bundled_gguf
 from reprorl.store import RunRecord, Store
 from reprorl.types import Split, TaskSet
 
-FAMILIES = {"calc": calculator, "sql": sql, "files": files}
+GENERATORS = {"calc": calculator, "sql": sql, "files": files}
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+MIXED = ("calc", "sql", "files")
 
 
-def register(store: Store, family: str, heldout: int) -> None:
-    """Train split as shipped; a held-out suite of the eval + holdout splits, `heldout` tasks in all."""
+@dataclass(frozen=True)
+class Measured:
+    """One run's held-out success per suite at its first and last eval points, and its RL compute."""
+
+    record: RunRecord
+    first: dict[str, dict[str, float]]  # suite -> task -> success
+    last: dict[str, dict[str, float]]
+    cpu_min: float
+    wall_min: float
+
+
+def register(store: Store, family: str, heldout: int) -> list[str]:
+    """The train split as shipped and a held-out suite (eval + holdout splits, `heldout` tasks);
+    `mixed` merges the three train sets into `mixed-train`. Returns the held-out suites' names."""
     store.add("smollm2-135m-instruct", bundled_gguf(), kind="model")
-    with resources.as_file(resources.files("reprorl") / "examples" / f"{family}-train.jsonl") as path:
-        store.add(f"{family}-train", path, kind="taskset")
-    sets = FAMILIES[family].generate(0, eval=heldout // 2, holdout=heldout - heldout // 2)
-    tasks = sets[Split.EVAL].tasks + sets[Split.HOLDOUT].tasks
-    store.add_bytes(
-        f"{family}-heldout", TaskSet(name=f"{family}-heldout", tasks=tasks).to_jsonl(), kind="taskset"
-    )
+    parts = MIXED if family == "mixed" else (family,)
+    trains: list[TaskSet] = []
+    for part in parts:
+        with resources.as_file(resources.files("reprorl") / "examples" / f"{part}-train.jsonl") as path:
+            trains.append(TaskSet.from_jsonl(f"{part}-train", path.read_bytes()))
+        sets = GENERATORS[part].generate(0, eval=heldout // 2, holdout=heldout - heldout // 2)
+        tasks = sets[Split.EVAL].tasks + sets[Split.HOLDOUT].tasks
+        store.add_bytes(
+            f"{part}-heldout", TaskSet(name=f"{part}-heldout", tasks=tasks).to_jsonl(), kind="taskset"
+        )
+    merged = TaskSet(name=f"{family}-train", tasks=tuple(t for s in trains for t in s.tasks))
+    store.add_bytes(f"{family}-train", merged.to_jsonl(), kind="taskset")
+    return [f"{part}-heldout" for part in parts]
+
+
+def recipe(family: str, given: Path | None) -> Path:
+    if given is not None:
+        return given
+    return CONFIGS / ("demo.toml" if family == "calc" else f"{family}.toml")
 
 
 def rl_minutes(record: RunRecord) -> tuple[float, float]:
@@ -55,56 +91,108 @@ def rl_minutes(record: RunRecord) -> tuple[float, float]:
     return cpu, wall
 
 
-async def one(family: str, seed: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
-    store = Store(root / f"{family}-{seed}")
-    register(store, family, args.heldout)
+def sft_step_cpu_s(record: RunRecord) -> float:
+    """The warm start's CPU seconds per SFT step (the median; step 0 also collects the demonstrations)."""
+    times = [m["sft_cpu_s"] for m in record.metrics().records if m.get("stage") == "sft" and m["step"] > 0]
+    return float(statistics.median(times))
+
+
+async def run(store: Store, spec: RunSpec) -> Measured:
+    record = await train_run(store, spec)
+    points = suite_points(record)
+    first = {suite: steps[min(steps)] for suite, steps in points.items()}
+    last = {suite: steps[max(steps)] for suite, steps in points.items()}
+    return Measured(record, first, last, *rl_minutes(record))
+
+
+def spec_for(store: Store, family: str, seed: int, suites: list[str], args: argparse.Namespace) -> RunSpec:
     overrides = [
         f"seed={seed}",
         f"name={family}-learning",
         f"data.train={family}-train",
-        f'evaluation.suites=["{family}-heldout"]',
+        f"evaluation.suites={suites!r}".replace("'", '"'),
         "evaluation.samples_per_task=1",
+        *args.set,
     ]
     if args.steps is not None:  # else the recipe's own steps and learning rate
         overrides += [f"learning.steps={args.steps}", f"evaluation.every_steps={args.steps}"]
     if args.lr is not None:
         overrides.append(f"learning.lr={args.lr}")
-    with resources.as_file(resources.files("reprorl") / "configs" / "demo.toml") as spec_file:
-        spec = resolve_spec(load_spec(spec_file, overrides, pin_bare=store.pin_newest), store.pin)
-    record = await train_run(store, spec)
-    (outcome,) = eval_outcomes(record, seed=seed)
-    cpu, wall = rl_minutes(record)
-    return {"family": family, "seed": seed, "outcome": outcome, "cpu_min": cpu, "wall_min": wall}
-
-
-def row(result: dict[str, Any]) -> str:
-    o = result["outcome"]
-    overlap = "overlap" if intervals_overlap(o.before, o.after) else "apart"
-    return (
-        f"{result['family']:<6}{result['seed']:>5}  {o.before!s:<26}{o.after!s:<26}"
-        f"{o.change.estimate.value:+.3f} [{o.change.estimate.low:+.2f}, {o.change.estimate.high:+.2f}] "
-        f"p={o.change.p_value:.3g}  {overlap:<8}{result['cpu_min']:>7.1f}{result['wall_min']:>7.1f}"
+    return resolve_spec(
+        load_spec(recipe(family, args.recipe), overrides, pin_bare=store.pin_newest), store.pin
     )
 
 
+def control_of(spec: RunSpec, rl: Measured) -> tuple[RunSpec, int]:
+    """The same spec with no RL step and the RL phase's CPU time spent on more SFT steps."""
+    extra = round(rl.cpu_min * 60 / sft_step_cpu_s(rl.record))
+    learning = spec.learning.model_copy(update={"steps": 0, "sft_steps": spec.learning.sft_steps + extra})
+    return spec.model_copy(update={"learning": learning, "name": f"{spec.name}-sft-control"}), extra
+
+
+def interval(tasks: dict[str, float], seed: int, suite: str) -> Estimate:
+    return task_interval(tasks, derive_seed(seed, "outcome", suite))
+
+
+def margin(rl: dict[str, float], control: dict[str, float], seed: int, suite: str) -> PairedDifference:
+    return paired_difference(rl, control, seed=derive_seed(seed, "control", suite))
+
+
+def row(family: str, seed: int, suite: str, rl: Measured, control: Measured | None, extra: int) -> str:
+    before, after = interval(rl.first[suite], seed, suite), interval(rl.last[suite], seed, suite)
+    change = paired_difference(rl.last[suite], rl.first[suite], seed=derive_seed(seed, "outcome", suite))
+    overlap = "overlap" if intervals_overlap(before, after) else "apart"
+    text = (
+        f"{family:<6}{suite:<14}{seed:>4}  {before!s:<26}{after!s:<26}"
+        f"{change.estimate.value:+.3f} [{change.estimate.low:+.2f}, {change.estimate.high:+.2f}] "
+        f"p={change.p_value:.3g}  {overlap:<8}{rl.cpu_min:>7.1f}{rl.wall_min:>7.1f}"
+    )
+    if control is not None:
+        ctl = interval(control.first[suite], seed, suite)
+        diff = margin(rl.last[suite], control.first[suite], seed, suite)
+        cpu = sum(m["sft_cpu_s"] for m in control.record.metrics().records if m.get("stage") == "sft") / 60
+        text += f"   control {ctl!s:<26} +{extra} SFT steps, {cpu:.1f} cpu-min   RL - control {diff}"
+    return text
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=None, help="RL steps (default: the recipe's)")
     parser.add_argument("--lr", type=float, default=None, help="RL learning rate (default: the recipe's)")
     parser.add_argument("--heldout", type=int, default=128, help="held-out tasks per family")
-    parser.add_argument("--families", nargs="+", default=["calc"], choices=sorted(FAMILIES))
+    parser.add_argument("--families", nargs="+", default=["calc"], choices=[*GENERATORS, "mixed"])
+    parser.add_argument("--recipe", type=Path, default=None, help="one spec for every family")
+    parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="spec overrides")
+    parser.add_argument("--control", choices=["sft"], default=None, help="an equal-compute SFT control")
     parser.add_argument("--keep", type=Path, default=None, help="keep the stores (run records) here")
     args = parser.parse_args()
     print(
-        f"{'family':<6}{'seed':>5}  {'before [95% CI] n':<26}{'after [95% CI] n':<26}"
+        f"{'family':<6}{'suite':<14}{'seed':>4}  {'before [95% CI] n':<26}{'after [95% CI] n':<26}"
         f"{'change (paired) [95% CI]':<34}{'CIs':<8}{'RL cpu':>7}{'wall':>7}  (minutes)"
     )
     with tempfile.TemporaryDirectory(prefix="reprorl-learning-") as scratch:
         root = args.keep or Path(scratch)
         for family in args.families:
+            pooled: dict[str, tuple[dict[str, float], dict[str, float]]] = {}
             for seed in args.seeds:
-                print(row(asyncio.run(one(family, seed, args, root))), flush=True)
+                store = Store(root / f"{family}-{seed}")
+                suites = register(store, family, args.heldout)
+                spec = spec_for(store, family, seed, suites, args)
+                rl = asyncio.run(run(store, spec))
+                control, extra = None, 0
+                if args.control == "sft":
+                    control_spec, extra = control_of(spec, rl)
+                    control = asyncio.run(run(store, control_spec))
+                for suite in sorted(rl.last):
+                    print(row(family, seed, suite, rl, control, extra), flush=True)
+                    if control is not None:
+                        a, b = pooled.setdefault(suite, ({}, {}))
+                        a.update({f"{seed}/{t}": v for t, v in rl.last[suite].items()})
+                        b.update({f"{seed}/{t}": v for t, v in control.first[suite].items()})
+            for suite, (a, b) in sorted(pooled.items()):
+                pooled_margin = margin(a, b, 0, suite)
+                print(f"{family:<6}{suite:<14} pooled over seeds {args.seeds}: RL - control {pooled_margin}")
 
 
 if __name__ == "__main__":

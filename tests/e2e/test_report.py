@@ -85,13 +85,14 @@ def test_report_of_a_training_run(trained: tuple[Path, str], capsys: pytest.Capt
         "pipeline",
         "tool-failures",
         "tool-usage",
+        "exploration",
         "cost",
         "eval",
         "guards",
         "trajectories",
     ]
     assert [k for k, s in sections.items() if not s["has_data"]] == ["pipeline"], sections  # synchronous
-    assert result["charts"] == 7 == sum(s["charts"] for s in sections.values())
+    assert result["charts"] == 8 == sum(s["charts"] for s in sections.values())
     page = path.read_text(encoding="utf-8")
     assert "failed: invalid_action" in page
     assert "guard_check" in page and "calc-eval-small" in page
@@ -128,7 +129,7 @@ def test_report_renders_in_headless_chromium(
     result = Cli(home, capsys).ok_json("runs", "report", run_id, "-o", str(tmp_path / "report.html"))
     browser.get((tmp_path / "report.html").as_uri())
     said = int(browser.execute_script("return document.body.dataset.charts"))
-    assert said == result["charts"] == 7
+    assert said == result["charts"] == 8
     deadline = time.monotonic() + 30
     while True:
         charts = browser.execute_script(CHART_STATE)

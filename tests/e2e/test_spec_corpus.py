@@ -89,7 +89,7 @@ CASES: list[tuple[str, str | None, list[str], str]] = [
     ("override into a value", None, ["seed.x=1"], "seed"),
     ("unknown section", BASE + "\n[extras]\nx = 1\n", [], "extras"),
     ("lr as text", None, ['learning.lr="fast"'], "learning.lr"),
-    ("zero steps", None, ["learning.steps=0"], "learning.steps"),
+    ("negative steps", None, ["learning.steps=-2"], "learning.steps"),
     ("negative seed", None, ["seed=-1"], "seed"),
     ("not UTF-8", 'name = "\xff"\n', [], "spec.toml"),
     ("not TOML", "name = = 1\n", [], "spec.toml"),

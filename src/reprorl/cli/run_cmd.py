@@ -70,10 +70,11 @@ def run(
         if file is None:
             raise UserInputError("give a run spec file, or --resume RUN", field="FILE")
         spec = resolve_spec(load_spec(file, overrides or [], pin_bare=store.pin_newest), store.pin)
-        # A spec the leakage gate refuses is refused here, before torch and the models load.
-        from reprorl.orchestrate.run.preflight import check_run_leakage
+        # A spec the gates refuse is refused here, before torch and the models load.
+        from reprorl.orchestrate.run.preflight import check_family_weights, check_run_leakage
 
         check_run_leakage(store, spec)
+        check_family_weights(store, spec)
         from reprorl.orchestrate.jobs.train import prepare_run, train_run
 
         if ray is not None:

@@ -7,6 +7,7 @@ before step 0, so a result can always be traced back to exactly this document.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -137,6 +138,13 @@ class DataSpec(SpecModel):
         default=4096, gt=0, description="Tool output longer than this is truncated and flagged."
     )
     noise: NoiseSpec = Field(default_factory=NoiseSpec, description="Tool noise injection.")
+    family_weights: dict[str, float] | None = Field(
+        default=None,
+        description="How each step's tasks are shared among the env families of data.train, as "
+        "weights (normalised): every step draws each family's quota of tasks_per_step (largest "
+        "remainder), so a mixed-family run trains on every weighted family at every step. A family "
+        "of weight 0 is not drawn. None: one draw from the whole set, whatever its families.",
+    )
     reward_weights: dict[str, float] = Field(
         default_factory=lambda: {"outcome": 1.0},
         description="Weight of each reward component in the total; unlisted components count 0.",
@@ -161,6 +169,16 @@ class DataSpec(SpecModel):
         "below); its score is the reward component 'judge', weighed by reward_weights. A judge its "
         "robustness audit refused (or never audited) is refused.",
     )
+
+    @model_validator(mode="after")
+    def _family_weights_are_shares(self) -> DataSpec:
+        weights = self.family_weights
+        if weights is not None:
+            if any(not math.isfinite(w) or w < 0 for w in weights.values()):
+                raise ValueError("family_weights must be finite and >= 0, e.g. { calculator = 1, sql = 2 }")
+            if not any(w > 0 for w in weights.values()):
+                raise ValueError("family_weights gives no family a weight above 0; give one, or remove it")
+        return self
 
     @model_validator(mode="after")
     def _judge_is_weighed(self) -> DataSpec:
@@ -254,7 +272,12 @@ class LearningSpec(SpecModel):
         default="constant", description="Learning-rate schedule after warmup."
     )
     warmup_steps: int = Field(default=0, ge=0, description="Linear warmup steps.")
-    steps: int = Field(default=20, ge=1, description="Optimizer steps to train for.")
+    steps: int = Field(
+        default=20,
+        ge=0,
+        description="RL optimizer steps to train for; 0 runs the SFT warm start alone, measured by the "
+        "eval point at step 0 (an SFT-only run, e.g. the equal-compute control of an RL run).",
+    )
     group_size: int = Field(default=8, ge=2, description="Rollouts per task (G) per step.")
     tasks_per_step: int = Field(default=4, ge=1, description="Tasks (groups) sampled per step.")
     kl: KLPenalty = Field(default_factory=KLPenalty)
@@ -294,6 +317,14 @@ class LearningSpec(SpecModel):
         default=True,
         description="On a GPU, deterministic kernels and a fixed cuBLAS workspace, so a run repeats bit "
         "for bit (slower); False trades that for speed. CPU runs are deterministic either way.",
+    )
+    tool_alarm_steps: int = Field(
+        default=0,
+        ge=0,
+        description="Watch tool-level exploration (seed 001): run each family's oracle once on the train "
+        "tasks, log each step's calls of the tools it needs, and raise a tool_unexplored event when one "
+        "has not run in this many consecutive steps that drew its family. 0: no watch (the oracle pass "
+        "runs every family's verifier on up to 64 tasks each, which a run may not want to pay).",
     )
     sft_steps: int = Field(default=0, ge=0, description="SFT warm-start steps before RL.")
     sft_lr: float = Field(default=1e-3, gt=0.0, lt=1.0, description="Learning rate of the SFT warm start.")

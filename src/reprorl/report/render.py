@@ -9,7 +9,7 @@ from typing import Any
 
 from reprorl import __version__
 from reprorl.errors import ReprorlError
-from reprorl.report import pipeline, sections, tables, trajectories
+from reprorl.report import exploration, pipeline, sections, tables, trajectories
 from reprorl.report.page import Section, document, none_line
 from reprorl.report.records import RunView
 from reprorl.store import RunRecord, Store, find_run
@@ -23,6 +23,7 @@ BUILDERS: tuple[tuple[str, str, Callable[[RunView], Section]], ...] = (
     ("pipeline", "Sampling ahead", pipeline.pipeline),
     ("tool-failures", "Tool failures", sections.tool_failures),
     ("tool-usage", "Tool usage", sections.tool_usage),
+    ("exploration", "Exploration", exploration.exploration),
     ("cost", "Cost", sections.cost),
     ("eval", "Eval points", tables.evals),
     ("guards", "Guard events", tables.guards),

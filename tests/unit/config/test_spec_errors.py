@@ -197,7 +197,7 @@ CASES: list[Case] = [
         "source-unknown", add_to("learning", 'pipeline = { source = "fastest" }'), "learning.pipeline.source"
     ),
     case("flat-pipeline-field", add_to("learning", 'mode = "async"'), "learning.mode"),
-    case("steps-zero", edit(("steps = 10", "steps = 0")), "learning.steps"),
+    case("steps-negative", edit(("steps = 10", "steps = -3")), "learning.steps"),
     case("group-size-one", edit(("group_size = 4", "group_size = 1")), "learning.group_size"),
     case("top-p-above-one", edit(("top_p = 1.0", "top_p = 1.5")), "learning.top_p"),
     case("clip-low-one", edit(("clip_low = 0.2", "clip_low = 1.0")), "learning.loss.clip_low"),

@@ -78,6 +78,10 @@ def _train_line(step: int) -> dict[str, float]:
         "rollout_cpu_s": 1.5,
         "train_cpu_s": 0.9,
         "cost_usd": 0.001,
+        "family/calculator/success": 0.25 * step,
+        "family/sql/success": 0.5,
+        "exploration/calculator/calc": 4.0,
+        "exploration/sql/sql_query": 0.0,
     }
 
 
@@ -125,6 +129,10 @@ def full_run(store: Store) -> RunRecord:
     record.event("guard_check", step=2, passed=False, action="revert", fired=[fired])
     record.event("reverted", step=2, to_step=0, rules=["metric_below"], policy_version="adapter:sha256:00")
     record.event("stopped_by_rule", step=2, rules=["metric_below"], action="stop")
+    record.event(
+        "oracle_tools", needed={"calculator": ["calc"], "sql": ["sql_query"]}, demonstrations=2, solved=2
+    )
+    record.event("tool_unexplored", step=1, family="sql", tool=HOSTILE, steps=[0, 1])
     record.set_status("succeeded")
     return record
 
@@ -153,6 +161,7 @@ def test_every_section_has_its_content(store: Store, full_run: RunRecord) -> Non
         "pipeline",
         "tool-failures",
         "tool-usage",
+        "exploration",
         "cost",
         "eval",
         "guards",
@@ -167,10 +176,12 @@ def test_every_section_has_its_content(store: Store, full_run: RunRecord) -> Non
         "chart-health",
         "chart-tool-failures",
         "chart-tool-usage",
+        "chart-family-success",
+        "chart-needed-tools",
         "chart-cost",
     ]
     page = report.html
-    assert f'<meta name="{CHARTS_META}" content="7">' in page
+    assert f'<meta name="{CHARTS_META}" content="9">' in page
     for div in charts:
         assert page.count(f'id="{div}"') == 1
     assert "unrelated_figure" not in page  # health keys are picked by name, never everything
@@ -186,6 +197,8 @@ def test_every_section_has_its_content(store: Store, full_run: RunRecord) -> Non
         assert f"failed: {termination}" in trajectories
     assert "Also failed, not shown here: max_turns (1)." in trajectories
     assert "best reward" in trajectories and "worst reward" in trajectories
+    exploration = by_key["exploration"].html()
+    assert "calculator: calc; sql: sql_query" in exploration and "0, 1" in exploration
 
 
 def test_record_text_is_escaped(store: Store, full_run: RunRecord) -> None:
@@ -200,7 +213,7 @@ def test_record_text_is_escaped(store: Store, full_run: RunRecord) -> None:
     assert f"error: bad {escaped}" in worst  # the tool's error and output
     # The only scripts are plotly.js and one newPlot per chart.
     scripts = re.findall(r"<script[^>]*>", page)
-    assert len(scripts) == 1 + 7
+    assert len(scripts) == 1 + 9
 
 
 def test_no_network_reference_outside_plotly_js(store: Store, full_run: RunRecord) -> None:
@@ -220,6 +233,7 @@ def test_a_run_without_records_says_so_in_each_section(store: Store) -> None:
         "pipeline",
         "tool-failures",
         "tool-usage",
+        "exploration",
         "cost",
         "eval",
         "guards",
@@ -237,6 +251,9 @@ def test_a_run_without_records_says_so_in_each_section(store: Store) -> None:
     ]
     assert lines["tool-failures"] == ["No tool calls were recorded in any train step."]
     assert lines["cost"] == ["No timing or cost was recorded for any step."]
+    assert lines["exploration"] == [
+        "No per-family or per-tool figures were recorded (a run from before they were logged)."
+    ]
     assert lines["guards"] == ["No guard events: no rollback rules were set."]
     assert lines["trajectories"] == ["No rollouts are stored for this run."]
     assert f'<meta name="{CHARTS_META}" content="0">' in report.html
@@ -315,7 +332,7 @@ def test_cli_writes_into_the_run_folder_and_prints_json(
     result = json.loads(capsys.readouterr().out)
     assert result["path"] == str(full_run.path / "report.html")
     assert result["sections"][0]["key"] == "header"
-    assert result["charts"] == 7 and Path(result["path"]).stat().st_size == result["bytes"]
+    assert result["charts"] == 9 and Path(result["path"]).stat().st_size == result["bytes"]
     assert main([*home, "runs", "report", full_run.run_id]) == 0
     assert capsys.readouterr().out.splitlines()[0] == str(full_run.path / "report.html")
     assert main([*home, "runs", "report", "no-such-run"]) == 2

@@ -28,7 +28,7 @@ from reprorl.orchestrate.run.exhaustion import CallbackExhaustion, exhausted
 from reprorl.orchestrate.run.judge_reward import check_judge, record_judge
 from reprorl.orchestrate.run.launch import create_run
 from reprorl.orchestrate.run.policies import chat_template_text, load_run_base
-from reprorl.orchestrate.run.preflight import check_run_leakage, record_leakage
+from reprorl.orchestrate.run.preflight import check_family_weights, check_run_leakage, record_leakage
 from reprorl.orchestrate.run.setup import build_trainer
 from reprorl.store import RunRecord, Store
 from reprorl.trainer import LocalTrainer
@@ -137,6 +137,7 @@ def prepare_run(store: Store, spec: RunSpec) -> RunRecord:
             field="model.inference",
         )
     leakage = check_run_leakage(store, spec)
+    check_family_weights(store, spec)
     judge = check_judge(store, spec)
     chat_template_text(store, spec)  # a template that cannot be read is refused before any record
     record = create_run(spec, store)

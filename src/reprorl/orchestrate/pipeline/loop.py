@@ -50,6 +50,7 @@ from reprorl.orchestrate.run.checkpoint import (
     save_checkpoint,
 )
 from reprorl.orchestrate.run.effective import effective_config, write_effective
+from reprorl.orchestrate.run.exploration import ALARM_EVENT, ExplorationWatch, open_watch
 from reprorl.orchestrate.run.guarding import LoopGuard
 from reprorl.orchestrate.run.integrity import CONTRADICTED
 from reprorl.orchestrate.run.kept_versions import VersionKeeper
@@ -93,6 +94,8 @@ class TrainLoop:
         taskset = load_taskset(store, str(spec.data.train))
         self.train_version = taskset.version  # the content hash of the tasks the loop draws from
         self.tasks = taskset.split(Split.TRAIN)
+        self.family_of = {t.id: t.family for t in self.tasks}
+        self.watch = ExplorationWatch({}, 0)  # the run's own, with its needed tools, when it runs
         if not self.tasks:
             raise ValueError(f"data.train: {spec.data.train} has no train-split tasks")
         self.suites = eval_suites(store, spec)
@@ -329,10 +332,13 @@ class TrainLoop:
             **group_stats,
             **train,
             **health(result.trajectories),
+            **self.watch.metrics(result.trajectories, self.family_of),
             "trained_sequences": float(len(data)),
             **timing,
         }
         self.record.log_metrics(step, metrics, policy_version=policy_version)
+        for alarm in self.watch.observe(step, metrics):
+            self.record.event(ALARM_EVENT, step=step, **alarm)
         if self.guard is not None:
             self.guard.after_step(step, result, metrics["reward_mean"], metrics.get(CONTRADICTED))
 
@@ -359,6 +365,14 @@ class TrainLoop:
                 max_staleness=learning.pipeline.max_staleness,
                 field="learning.correction",
             )
+        self.watch = await open_watch(
+            self.record,
+            self.tasks,
+            self.renderer,
+            seed=self.spec.seed,
+            alarm_steps=learning.tool_alarm_steps,
+            start=start,
+        )
         await self.source.restore(start)
         self.refresh_policy(start)
         with progress_bar("training", show_progress) as progress:

@@ -111,6 +111,7 @@ READ_BY_LOOP = (
     "sft_lr",
     "sft_batch_size",
     "sft_imperfect_fraction",
+    "tool_alarm_steps",
 )
 
 
@@ -160,6 +161,8 @@ def _data(loop: TrainLoop, runner: RolloutRunner) -> dict[str, Any]:
         "data.tool_permissions": sorted(p.value for p in env.allowed),
         **{f"data.noise.{k}": v for k, v in env.noise.model_dump(mode="json").items()},
         "data.reward_weights": dict(runner.reward_weights or {}),
+        # Read where the loop draws each step's tasks (run/rollouts.step_tasks).
+        "data.family_weights": loop.spec.data.family_weights,
         "data.verifier_timeout_s": runner.verifiers.timeout_s,
         "data.judge": None,
     }
@@ -294,7 +297,8 @@ def spec_fields(spec: RunSpec) -> dict[str, Any]:
     out: dict[str, Any] = {}
 
     def walk(prefix: str, value: Any) -> None:
-        if isinstance(value, dict) and prefix not in ("data.reward_weights", "evaluation.thresholds"):
+        maps = ("data.reward_weights", "data.family_weights", "evaluation.thresholds")
+        if isinstance(value, dict) and prefix not in maps:
             for key, item in value.items():
                 walk(f"{prefix}.{key}" if prefix else key, item)
         else:

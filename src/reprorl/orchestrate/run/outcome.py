@@ -39,8 +39,8 @@ def per_task_success(rows: list[dict[str, object]]) -> dict[str, float]:
     return {task: statistics.fmean(values) for task, values in sorted(by_task.items())}
 
 
-def eval_outcomes(record: RunRecord, seed: int = 0) -> list[SuiteOutcome]:
-    """Per eval suite: success before (first eval point) and after (last), with 95% intervals."""
+def suite_points(record: RunRecord) -> dict[str, dict[int, dict[str, float]]]:
+    """Per eval suite, per eval step: each task's mean success, from the stored eval rollouts."""
     table = RolloutStore(record).query(
         "split = 'eval' OR split = 'holdout'",
         columns=["group_id", "step", "task_id", "reward_total", "reward_components"],
@@ -50,10 +50,18 @@ def eval_outcomes(record: RunRecord, seed: int = 0) -> list[SuiteOutcome]:
         # group ids read <run_id>/eval-<suite>/<step>/<task_id>
         kind = str(row["group_id"]).split("/")[1]
         rows[(kind.removeprefix("eval-"), int(row["step"]))].append(row)
+    points: dict[str, dict[int, dict[str, float]]] = defaultdict(dict)
+    for (suite, step), found in sorted(rows.items()):
+        points[suite][step] = per_task_success(found)
+    return dict(points)
+
+
+def eval_outcomes(record: RunRecord, seed: int = 0) -> list[SuiteOutcome]:
+    """Per eval suite: success before (first eval point) and after (last), with 95% intervals."""
     outcomes = []
-    for suite in sorted({s for s, _ in rows}):
-        steps = sorted(step for s, step in rows if s == suite)
-        first, last = per_task_success(rows[(suite, steps[0])]), per_task_success(rows[(suite, steps[-1])])
+    for suite, by_step in sorted(suite_points(record).items()):
+        steps = sorted(by_step)
+        first, last = by_step[steps[0]], by_step[steps[-1]]
         boot = derive_seed(seed, "outcome", suite)
         outcomes.append(
             SuiteOutcome(

@@ -1,4 +1,5 @@
-"""The leakage gate: a run whose held-out suites overlap its train tasks does not start.
+"""The gates before a run's record: held-out suites that overlap its train tasks, and family weights
+that do not fit them, stop the run before anything is written.
 
 Before any record is written, the spec's train split is compared with every eval suite's eval and
 holdout tasks (exact content under any id, and near-duplicate prompts over the same setup). A leak
@@ -57,3 +58,25 @@ def record_leakage(record: RunRecord, report: LeakageReport) -> None:
 
 def _digest(ref: str) -> str:
     return ref.rsplit("@", 1)[-1]
+
+
+def check_family_weights(store: Store, spec: RunSpec) -> None:
+    """`data.family_weights` names exactly the env families of the train split (0 leaves one out)."""
+    weights = spec.data.family_weights
+    if weights is None:
+        return
+    present = {t.family for t in store.taskset(str(spec.data.train)).split(Split.TRAIN)}
+    unknown, unnamed = sorted(set(weights) - present), sorted(present - set(weights))
+    if unknown:
+        raise UserInputError(
+            f"names {', '.join(unknown)}, of which {spec.data.train} has no train tasks (its families: "
+            f"{', '.join(sorted(present))}); weigh those, or train on a set that has them "
+            "(reprorl tasks merge makes one)",
+            field="data.family_weights",
+        )
+    if unnamed:
+        raise UserInputError(
+            f"gives no weight to {', '.join(unnamed)}, a family of {spec.data.train}; give each family "
+            "of the set a weight (0 leaves it out)",
+            field="data.family_weights",
+        )

@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections.abc import Iterable, Sequence
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -26,7 +27,7 @@ from reprorl.rollout.families import families_named
 from reprorl.rollout.runner import BARRIERS, Barrier, RolloutResult, RolloutRunner
 from reprorl.rollout.scoring import counted, exclusion_metrics
 from reprorl.store import Store
-from reprorl.types import SamplingParams, Task, TaskSet, Termination
+from reprorl.types import SamplingParams, Task, TaskSet, Termination, Trajectory
 
 
 def load_taskset(store: Store, ref: str) -> TaskSet:
@@ -45,9 +46,62 @@ def sampling_params(spec: RunSpec) -> SamplingParams:
 
 
 def step_tasks(tasks: Sequence[Task], spec: RunSpec, step: int) -> list[Task]:
-    """The tasks of one step: a seeded draw without replacement, the same on every rerun."""
+    """The tasks of one step: a seeded draw without replacement, the same on every rerun; with
+    `data.family_weights`, each family's quota drawn from its own tasks."""
     count = min(spec.learning.tasks_per_step, len(tasks))
-    return random.Random(derive_seed(spec.seed, "tasks", step)).sample(list(tasks), count)
+    rng = random.Random(derive_seed(spec.seed, "tasks", step))
+    weights = spec.data.family_weights
+    if weights is None:
+        return rng.sample(list(tasks), count)
+    by_family: dict[str, list[Task]] = defaultdict(list)
+    for task in tasks:
+        by_family[task.family].append(task)
+    sizes = {name: len(by_family[name]) for name in weights}
+    drawn: list[Task] = []
+    for name, quota in family_quotas(weights, sizes, count).items():
+        drawn += rng.sample(by_family[name], quota)
+    return drawn
+
+
+def family_quotas(weights: Mapping[str, float], sizes: Mapping[str, int], count: int) -> dict[str, int]:
+    """`count` tasks shared by `weights` (largest remainder, ties by name), none over a family's size.
+
+    A share a family cannot fill goes to the others, in proportion to their weights.
+    """
+    quotas = {name: 0 for name in sorted(weights) if weights[name] > 0}
+    left = min(count, sum(sizes[name] for name in quotas))
+    while left > 0:
+        open_ = [n for n in quotas if quotas[n] < sizes[n]]
+        total = sum(weights[n] for n in open_)
+        ideal = {n: left * weights[n] / total for n in open_}
+        given = {n: min(int(ideal[n]), sizes[n] - quotas[n]) for n in open_}
+        spare = left - sum(given.values())
+        for n in sorted(open_, key=lambda n: (given[n] - ideal[n], n)):  # largest remainder first
+            if spare == 0:
+                break
+            if quotas[n] + given[n] < sizes[n]:
+                given[n] += 1
+                spare -= 1
+        for n, extra in given.items():
+            quotas[n] += extra
+        left = spare
+    return {name: quota for name, quota in quotas.items() if quota}
+
+
+def family_metrics(trajectories: Sequence[Trajectory], tasks: Iterable[Task]) -> dict[str, float]:
+    """Success and reward of each env family's counted rollouts: `family/<name>/success`, ..."""
+    family_of = {t.id: t.family for t in tasks}
+    scored: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in counted(trajectories):
+        if t.reward is not None and t.task_id in family_of:
+            scored[family_of[t.task_id]].append(t)
+    out: dict[str, float] = {}
+    for name, group in sorted(scored.items()):
+        rewards = [t.reward for t in group if t.reward is not None]
+        out[f"family/{name}/success"] = statistics.fmean(r.success for r in rewards)
+        out[f"family/{name}/reward_mean"] = statistics.fmean(r.total for r in rewards)
+        out[f"family/{name}/rollouts"] = float(len(rewards))
+    return out
 
 
 def episode_limits(spec: RunSpec) -> EpisodeLimits:
@@ -108,7 +162,7 @@ def progress_bar(label: str, show: bool) -> Progress:
 
 def step_metrics(result: RolloutResult, tasks: Iterable[Task] = ()) -> dict[str, float]:
     """A step's rollout figures; `tasks` (those the step drew from) let signatures read the references."""
-    finals = result.trajectories
+    finals, tasks = result.trajectories, list(tasks)
     # Rollouts the platform, verifier or judge failed are left out, never counted as reward 0; a
     # step with none left has no reward to report (NaN), not a zero one.
     scored = [t.reward for t in counted(finals) if t.reward is not None]
@@ -124,4 +178,5 @@ def step_metrics(result: RolloutResult, tasks: Iterable[Task] = ()) -> dict[str,
         "cost_usd": sum(t.cost_usd for t in result.all()),
         "cpu_s": sum(t.cpu_s for t in result.all()),
         **integrity_metrics(finals, tasks),
+        **family_metrics(finals, tasks),
     }

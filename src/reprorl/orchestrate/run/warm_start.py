@@ -95,7 +95,21 @@ async def warm_start_run(
         lr=learning.sft_lr,
         seed=derive_seed(spec.seed, "sft"),
         imperfect_fraction=learning.sft_imperfect_fraction,
-        on_step=lambda step, loss: record.log_metrics(step, {"sft_loss": loss}, stage="sft"),
+        on_step=_step_logger(record),
         trainer=trainer,
     )
     record.event("sft_done", adapter=warm.adapter_hash, seconds=time.perf_counter() - started)
+
+
+def _step_logger(record: RunRecord) -> Callable[[int, float], None]:
+    """Log each SFT step's loss with the wall and CPU seconds it took (what an equal-compute control
+    of the RL steps is measured in); step 0's include collecting the demonstrations."""
+    last = [time.perf_counter(), time.process_time()]
+
+    def log(step: int, loss: float) -> None:
+        wall, cpu = time.perf_counter(), time.process_time()
+        figures = {"sft_loss": loss, "sft_s": wall - last[0], "sft_cpu_s": cpu - last[1]}
+        last[:] = [wall, cpu]
+        record.log_metrics(step, figures, stage="sft")
+
+    return log

@@ -105,6 +105,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "data.noise.truncate_p": 0.05,
         "data.reward_weights": {"outcome": 1.0, "valid_calls": 0.5},
         "data.family_weights": {"calculator": 1.0},
+        "data.screen": {"rest_steps": 1},
         "data.verifier_timeout_s": 20.0,
         "data.max_invalid_actions": 2,
         "data.tool_permissions": ["read", "human"],

@@ -1,4 +1,5 @@
-"""SIGKILL a training run at random points, resume it each time: it ends bit-identical to an unbroken run."""
+"""SIGKILL a training run at random points, resume it each time: it ends bit-identical to an unbroken run
+(its in-loop screening, whose draws depend on every earlier step, included)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +31,11 @@ base = "tiny"
 adapter = { kind = "lora", rank = 4, alpha = 8.0, targets = ["q_proj", "v_proj"] }
 [data]
 owner = "t@x"
-train = "calc-train"
+train = "calc-six"
 # The tiny model never answers right; a component that varies gives its groups a signal.
 reward_weights = { outcome = 1.0, valid_calls = 1.0 }
+# Six tasks, two a step: a task that taught nothing rests, so later draws depend on earlier steps.
+screen = { rest_steps = 2 }
 [learning]
 owner = "t@x"
 loss = "ppo_ewma"
@@ -54,7 +58,11 @@ CLI = "import sys; from reprorl.cli.main import main; sys.exit(main(sys.argv[1:]
 
 def _home(tmp_path: Path, name: str) -> Path:
     (tmp_path / "spec.toml").write_text(SPEC)
-    return tiny_home(tmp_path, name)
+    home = tiny_home(tmp_path, name)
+    with resources.as_file(resources.files("reprorl") / "examples" / "calc-train.jsonl") as path:
+        (tmp_path / "six.jsonl").write_text("".join(path.read_text().splitlines(keepends=True)[:6]))
+    Store(home).add("calc-six", tmp_path / "six.jsonl", kind="taskset")
+    return home
 
 
 def _start(home: Path, *args: str) -> subprocess.Popen[bytes]:

@@ -50,3 +50,15 @@ class ScreenSpec(SpecModel):
     def record_spec(self) -> dict[str, object]:
         """What the screen's record stores as its spec."""
         return {"screen": self.model_dump(mode="json")}
+
+
+class SignalScreen(SpecModel):
+    """In-loop screening (`data.screen`): each step draws from the train tasks still showing a
+    trainable signal (see `reprorl.orchestrate.run.signal_pool`)."""
+
+    rest_steps: int = Field(
+        default=8,
+        ge=1,
+        description="Steps a task sits out after a group of it taught nothing (every member passed, or "
+        "all rewards were equal): by then the policy has moved and it may teach again.",
+    )

@@ -24,6 +24,7 @@ from reprorl.config.base import Owner, SpecModel
 from reprorl.config.engine import VllmEngine
 from reprorl.config.judge import JudgeTable
 from reprorl.config.loss import LossTable, default_loss
+from reprorl.config.screen import SignalScreen
 from reprorl.hashing import content_hash
 from reprorl.refs import ArtifactRef
 
@@ -129,6 +130,9 @@ class NoiseSpec(SpecModel):
         return any(v > 0 for v in self.model_dump().values())
 
 
+LATER_DATA_FIELDS = ("family_weights", "screen")
+
+
 class DataSpec(SpecModel):
     """What the agent practises on; each task names its family, whose env version every rollout records."""
 
@@ -144,6 +148,12 @@ class DataSpec(SpecModel):
         "weights (normalised): every step draws each family's quota of tasks_per_step (largest "
         "remainder), so a mixed-family run trains on every weighted family at every step. A family "
         "of weight 0 is not drawn. None: one draw from the whole set, whatever its families.",
+    )
+    screen: SignalScreen | None = Field(
+        default=None,
+        description="In-loop screening, e.g. { rest_steps = 8 }: a task whose group taught nothing rests "
+        "that many steps and each step draws from the others (seed 004's trainable signal); the tasks "
+        "that last showed signal are registered as `<train>-signal`. None: every task is drawn alike.",
     )
     reward_weights: dict[str, float] = Field(
         default_factory=lambda: {"outcome": 1.0},
@@ -169,6 +179,16 @@ class DataSpec(SpecModel):
         "below); its score is the reward component 'judge', weighed by reward_weights. A judge its "
         "robustness audit refused (or never audited) is refused.",
     )
+
+    @model_serializer(mode="wrap")
+    def _later_fields_left_out(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Fields added after the first release are left out of every dump while unset, so the spec
+        # documents (and hashes) of earlier runs read the same as before they existed.
+        data: dict[str, Any] = handler(self)
+        for name in LATER_DATA_FIELDS:
+            if data.get(name, ...) is None:
+                del data[name]
+        return data
 
     @model_validator(mode="after")
     def _family_weights_are_shares(self) -> DataSpec:
@@ -446,6 +466,16 @@ class RunSpec(SpecModel):
         if data.get("agent", ...) is None:
             del data["agent"]
         return data
+
+    @model_validator(mode="after")
+    def _screen_needs_planned_steps(self) -> RunSpec:
+        if self.data.screen is not None and self.learning.pipeline.source == "arrival":
+            raise ValueError(
+                "data.screen draws each step's tasks from the verdicts of the steps trained before it, "
+                "which a step of arrival order does not have; set learning.pipeline.source = 'planned' "
+                "or remove data.screen"
+            )
+        return self
 
     def spec_hash(self) -> str:
         """`sha256:` of the canonical JSON of the spec; equal specs hash equally."""

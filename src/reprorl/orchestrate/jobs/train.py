@@ -30,6 +30,7 @@ from reprorl.orchestrate.run.launch import create_run
 from reprorl.orchestrate.run.policies import chat_template_text, load_run_base
 from reprorl.orchestrate.run.preflight import check_family_weights, check_run_leakage, record_leakage
 from reprorl.orchestrate.run.setup import build_trainer
+from reprorl.orchestrate.run.signal_pool import register_signal_tasks
 from reprorl.store import RunRecord, Store
 from reprorl.trainer import LocalTrainer
 from reprorl.trainer.device import device_info, make_deterministic
@@ -107,6 +108,8 @@ async def train_run(
                     ewma = loop.ewma = ewma_of(loop.loss, trainer)
                 loop.save(0)
             await loop.run(start, show_progress=show_progress)
+            if loop.pool is not None:
+                register_signal_tasks(store, spec, record, loop.pool, loop.tasks)
             if loop.stopped is None:
                 finish(store, spec, record, trainer)
         except BaseException as exc:

@@ -57,6 +57,7 @@ from reprorl.orchestrate.run.kept_versions import VersionKeeper
 from reprorl.orchestrate.run.policies import OpenedPolicy
 from reprorl.orchestrate.run.rollouts import load_taskset, progress_bar, runner_for, step_metrics, step_tasks
 from reprorl.orchestrate.run.setup import eval_suites
+from reprorl.orchestrate.run.signal_pool import SignalPool, observe_step, open_pool
 from reprorl.orchestrate.run.stops import budget_stop, unscored_stop
 from reprorl.orchestrate.run.warm_start import warm_start_run
 from reprorl.policy import LoadedModel
@@ -96,6 +97,7 @@ class TrainLoop:
         self.tasks = taskset.split(Split.TRAIN)
         self.family_of = {t.id: t.family for t in self.tasks}
         self.watch = ExplorationWatch({}, 0)  # the run's own, with its needed tools, when it runs
+        self.pool: SignalPool | None = None  # with data.screen: the verdicts each step's draw reads
         if not self.tasks:
             raise ValueError(f"data.train: {spec.data.train} has no train-split tasks")
         self.suites = eval_suites(store, spec)
@@ -159,8 +161,9 @@ class TrainLoop:
 
     def plan(self, step: int) -> list[RolloutJob]:
         """The groups of step `step`: its seeded tasks, G members each, with derived seeds."""
+        resting = self.pool.resting(step) if self.pool is not None else None
         return plan_groups(
-            step_tasks(self.tasks, self.spec, step),
+            step_tasks(self.tasks, self.spec, step, resting),
             self.learning.group_size,
             run_id=self.record.run_id,
             run_seed=self.spec.seed,
@@ -294,6 +297,8 @@ class TrainLoop:
         """One update on a batch, run off the event loop so sampling goes on meanwhile."""
         step = batch.step
         data, group_stats = group_data(batch.result.trajectories, self.learning)
+        if self.pool is not None:  # before the next version opens: a later step's draw reads it
+            group_stats.update(observe_step(self.pool, self.record, step, batch.result.trajectories))
         self.stopped = unscored_stop(self.spec, self.record, step, batch.result.trajectories, "training")
         if self.stopped:
             data = []
@@ -373,6 +378,7 @@ class TrainLoop:
             alarm_steps=learning.tool_alarm_steps,
             start=start,
         )
+        self.pool = open_pool(self.spec, self.record, start)
         await self.source.restore(start)
         self.refresh_policy(start)
         with progress_bar("training", show_progress) as progress:

@@ -163,6 +163,8 @@ def _data(loop: TrainLoop, runner: RolloutRunner) -> dict[str, Any]:
         "data.reward_weights": dict(runner.reward_weights or {}),
         # Read where the loop draws each step's tasks (run/rollouts.step_tasks).
         "data.family_weights": loop.spec.data.family_weights,
+        # Read where the loop plans each step (TrainLoop.plan), from the pool it opened.
+        **({"data.screen": None} if loop.pool is None else {"data.screen.rest_steps": loop.pool.rest_steps}),
         "data.verifier_timeout_s": runner.verifiers.timeout_s,
         "data.judge": None,
     }

@@ -45,22 +45,35 @@ def sampling_params(spec: RunSpec) -> SamplingParams:
     )
 
 
-def step_tasks(tasks: Sequence[Task], spec: RunSpec, step: int) -> list[Task]:
+def step_tasks(
+    tasks: Sequence[Task], spec: RunSpec, step: int, resting: Mapping[str, int] | None = None
+) -> list[Task]:
     """The tasks of one step: a seeded draw without replacement, the same on every rerun; with
-    `data.family_weights`, each family's quota drawn from its own tasks."""
+    `data.family_weights`, each family's quota drawn from its own tasks; with `resting` (task id ->
+    the step it may be drawn again: `data.screen`), from the tasks not resting first."""
     count = min(spec.learning.tasks_per_step, len(tasks))
     rng = random.Random(derive_seed(spec.seed, "tasks", step))
     weights = spec.data.family_weights
     if weights is None:
-        return rng.sample(list(tasks), count)
+        return _draw(rng, list(tasks), count, resting or {})
     by_family: dict[str, list[Task]] = defaultdict(list)
     for task in tasks:
         by_family[task.family].append(task)
     sizes = {name: len(by_family[name]) for name in weights}
     drawn: list[Task] = []
     for name, quota in family_quotas(weights, sizes, count).items():
-        drawn += rng.sample(by_family[name], quota)
+        drawn += _draw(rng, by_family[name], quota, resting or {})
     return drawn
+
+
+def _draw(rng: random.Random, pool: list[Task], count: int, resting: Mapping[str, int]) -> list[Task]:
+    """`count` of `pool`, seeded: the ones not resting, then the resting ones due back soonest."""
+    ready = [t for t in pool if t.id not in resting]
+    if len(ready) >= count:
+        return rng.sample(ready, count)
+    # sorted() is stable: resting tasks due back at the same step keep the pool's order.
+    waiting = sorted((t for t in pool if t.id in resting), key=lambda t: resting[t.id])
+    return rng.sample(ready, len(ready)) + waiting[: count - len(ready)]
 
 
 def family_quotas(weights: Mapping[str, float], sizes: Mapping[str, int], count: int) -> dict[str, int]:

@@ -1,6 +1,6 @@
-"""In-loop screening on a tiny run: every step draws by the verdicts its record holds, resting tasks
-wait while others are ready, and the tasks that last showed signal become `<train>-signal` with
-their lineage (the eval suite untouched)."""
+"""In-loop screening on a tiny run (and a `reprorl sample` of the same spec): every step draws by the
+verdicts its record holds, resting tasks wait while others are ready, and the tasks that last showed
+signal become `<train>-signal` with their lineage (the eval suite untouched)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ def _drawn(record: RunRecord, step: int) -> set[str]:
     return set(rows.column("task_id").to_pylist())
 
 
+@pytest.mark.parametrize("job", ["run", "sample"])
 def test_each_step_draws_around_the_resting_tasks_and_the_signal_tasks_are_registered(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], job: str
 ) -> None:
     home = tiny_home(tmp_path, "home")
     store = Store(home)
@@ -40,7 +41,12 @@ def test_each_step_draws_around_the_resting_tasks_and_the_signal_tasks_are_regis
             learning={"steps": 3, "tasks_per_step": 2, "max_turns": 1},
         )
     )
-    code, _, err = Cli(home, capsys)("run", str(spec_path))
+    args = (
+        ("run", str(spec_path))
+        if job == "run"
+        else ("sample", str(spec_path), "--steps", "3", "--no-progress")
+    )
+    code, _, err = Cli(home, capsys)(*args)
     assert code == 0, err
     (run_id,) = run_ids(home)
     record = RunRecord(store, run_id)

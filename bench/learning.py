@@ -15,7 +15,10 @@ control run of the same spec with no RL step (`learning.steps = 0`) and as many 
 take the RL phase's CPU time at the warm start's measured CPU seconds per SFT step; the table adds
 the control's held-out success, its CPU minutes, and RL's paired margin over it (per task, p-value by
 sign flips), and a last line per family pools the margin over the seeds (pairs are seed x task).
-Run it alone: torch processes sharing two cores with two threads each wait on each other.
+Run it alone: torch processes sharing two cores with two threads each wait on each other. With
+`--keep DIR`, a run whose exact spec already succeeded in DIR is read back instead of trained again,
+so a table can be built over several sittings (e.g. one seed at a time, then all seeds for the
+pooled line).
 
     .venv/bin/python bench/learning.py [--families calc sql files mixed] [--seeds 0 1 2] [--control sft]
         [--steps N] [--lr LR] [--heldout 128] [--recipe FILE] [--set FIELD=VALUE ...] [--keep DIR]
@@ -40,7 +43,7 @@ from reprorl.hashing import derive_seed
 from reprorl.orchestrate.jobs.train import train_run
 from reprorl.orchestrate.run.outcome import suite_points
 from reprorl.policy.gguf import bundled_gguf
-from reprorl.store import RunRecord, Store
+from reprorl.store import RunRecord, Store, iter_runs
 from reprorl.types import Split, TaskSet
 
 GENERATORS = {"calc": calculator, "sql": sql, "files": files}
@@ -97,8 +100,17 @@ def sft_step_cpu_s(record: RunRecord) -> float:
     return float(statistics.median(times))
 
 
+def finished(store: Store, spec: RunSpec) -> RunRecord | None:
+    """A succeeded run of exactly `spec` already in `store` (a `--keep` directory run before)."""
+    for run_id in iter_runs(store):
+        record = RunRecord(store, run_id)
+        if record.info().get("spec_hash") == spec.spec_hash() and record.status()["status"] == "succeeded":
+            return record
+    return None
+
+
 async def run(store: Store, spec: RunSpec) -> Measured:
-    record = await train_run(store, spec)
+    record = finished(store, spec) or await train_run(store, spec)
     points = suite_points(record)
     first = {suite: steps[min(steps)] for suite, steps in points.items()}
     last = {suite: steps[max(steps)] for suite, steps in points.items()}

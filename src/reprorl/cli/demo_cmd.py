@@ -63,5 +63,9 @@ def demo(
         console.print(f"  before RL (step {outcome.first_step}): {outcome.before}")
         console.print(f"  after RL  (step {outcome.last_step}): {outcome.after}")
         console.print(f"  change, paired by task: {outcome.change}")
+    console.print(
+        "multi-turn families: configs/sql.toml and configs/files.toml in the repository "
+        "(docs/training.md, 'Recipes'; measured by bench/learning.py)"
+    )
     console.print(f"run record: {record.path}")
     console.print(f"  see it with: reprorl runs show {record.run_id}")

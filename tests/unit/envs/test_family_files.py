@@ -315,3 +315,27 @@ def test_oracle_solves_every_eval_task_and_answering_at_once_never_does(
         assert _score(task, solved, answer) == 1.0, task.tags
         guess, _ = _play(task, lazy, lambda t, m: "I am not sure; maybe 0.")
         assert _score(task, lazy, guess) == 0.0, task.tags
+
+
+def test_the_oracle_reads_every_answer_and_every_file_it_rewrites_first(
+    tmp_path: Path, eval_tasks: tuple[Task, ...]
+) -> None:
+    """A demonstration that answers or writes what its episode never showed teaches guessing."""
+    for i, task in enumerate(generate(0)[Split.TRAIN].tasks + eval_tasks):
+        root = tmp_path / f"r{i}"
+        root.mkdir()
+        build_state(_ctx(root), task.setup)  # type: ignore[arg-type]
+        messages, read = list(task.prompt), set()
+        while not (action := parse_action(oracle(task, messages))).is_final:
+            for call in action.tool_calls:
+                if call.name == "write_file":
+                    assert call.arguments["path"] in read, (task.tags, call.arguments["path"])
+                if call.name == "cat":
+                    read.add(call.arguments["path"])
+                content = TOOLS[call.name](_ctx(root), **call.arguments)
+                messages.append(
+                    Message(role=Role.TOOL, content=content, tool_call_id=call.id, name=call.name)
+                )
+        seen = "\n".join(m.content or "" for m in messages if m.role == Role.TOOL)
+        if isinstance(task.reference["answer"], str):  # type: ignore[index]
+            assert task.reference["answer"] in seen, task.tags  # type: ignore[index]

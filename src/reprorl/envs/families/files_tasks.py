@@ -2,6 +2,10 @@
 
 Each kind states what must hold at the end: every file's final text, and which files are compared
 by parsed content (edited files: the value matters, not the formatting) rather than byte for byte.
+Its oracle's calls read everything the oracle then says or writes: a service_name it answers and
+every file it rewrites come from a `cat` of that file earlier in the episode, so a demonstration
+never shows an answer the episode could not have read (a policy warm-started on one that did would
+learn to guess).
 """
 
 from __future__ import annotations
@@ -38,6 +42,10 @@ def _grep(pattern: str) -> Call:
     return ("grep", {"pattern": pattern, "path": "services"})
 
 
+def _cat(service: Service) -> Call:
+    return ("cat", {"path": service.path})
+
+
 def _others(tree: Tree, name: str) -> tuple[str, ...]:
     return (*(s.name for s in tree.services if s.name != name), "example")
 
@@ -58,16 +66,15 @@ def port_owner(rng: random.Random, tree: Tree) -> Draft | None:
     decoys = tree.decoy_ports()
     s = rng.choice([s for s in tree.services if s.port in decoys] or list(tree.services))
     text = f"Which service listens on port {s.port}? Answer with its service_name."
-    return Draft(
-        "port_owner", text, 1, (_grep(str(s.port)),), answer=s.name, distractors=_others(tree, s.name)
-    )
+    calls = (_grep(str(s.port)), _cat(s))
+    return Draft("port_owner", text, 1, calls, answer=s.name, distractors=_others(tree, s.name))
 
 
 def value_of(rng: random.Random, tree: Tree) -> Draft | None:
     s = rng.choice(tree.services)
     key = rng.choice(("timeout", "workers"))
     text = f"What {key} value is the {s.name} service configured with? Answer with the number."
-    calls = (_grep(s.name), ("cat", {"path": s.path}))
+    calls = (_grep(s.name), _cat(s))
     return Draft("value_of", text, 1, calls, answer=getattr(s, key))
 
 
@@ -97,7 +104,7 @@ def extreme(rng: random.Random, tree: Tree) -> Draft | None:
         (key, most), "the most workers" if most else "the fewest workers"
     )
     text = f"Of the live services under services/{group}/, which has {what}? Answer with its service_name."
-    calls = (("grep", {"pattern": key, "path": f"services/{group}"}),)
+    calls = (("grep", {"pattern": key, "path": f"services/{group}"}), _cat(s))
     return Draft("extreme", text, 2, calls, answer=s.name, distractors=_others(tree, s.name))
 
 
@@ -121,7 +128,13 @@ def set_value(rng: random.Random, tree: Tree) -> Draft | None:
     files, writes = _edit(tree, [changed])
     text = f"In the live config that defines service_name = {s.name}, set {key} to {value}."
     return Draft(
-        "set_value", text, 2, (_grep(s.name), *writes), final=files, edited=(s.path,), targets=(s.path,)
+        "set_value",
+        text,
+        2,
+        (_grep(s.name), _cat(s), *writes),
+        final=files,
+        edited=(s.path,),
+        targets=(s.path,),
     )
 
 
@@ -140,14 +153,17 @@ def move_config(rng: random.Random, tree: Tree) -> Draft | None:
 def relevel(rng: random.Random, tree: Tree) -> Draft | None:
     old, new = rng.sample(LEVELS, 2)
     matching = [s for s in tree.services if s.level == old]
-    if len(matching) < 2:
+    # Two files: grep, then read and rewrite each, then answer is six turns (learning.max_turns in
+    # the shipped recipes); a third would not fit.
+    if len(matching) != 2:
         return None
     files, writes = _edit(tree, [replace(s, level=new) for s in matching])
+    reads = [call for s, write in zip(matching, writes, strict=True) for call in (_cat(s), write)]
     paths = tuple(s.path for s in matching)
     text = (
         f"Every live service that logs at level {old} should log at level {new} instead. Change all of them."
     )
-    return Draft("relevel", text, 3, (_grep(old), *writes), final=files, edited=paths, targets=paths)
+    return Draft("relevel", text, 3, (_grep(old), *reads), final=files, edited=paths, targets=paths)
 
 
 def copy_timeout(rng: random.Random, tree: Tree) -> Draft | None:
@@ -156,7 +172,7 @@ def copy_timeout(rng: random.Random, tree: Tree) -> Draft | None:
         return None
     files, writes = _edit(tree, [replace(a, timeout=b.timeout)])
     text = f"Make the service that listens on port {a.port} use the same timeout as the {b.name} service."
-    calls = (_grep(str(a.port)), _grep(b.name), ("cat", {"path": b.path}), *writes)
+    calls = (_grep(str(a.port)), _cat(a), _grep(b.name), _cat(b), *writes)
     return Draft("copy_timeout", text, 3, calls, final=files, edited=(a.path,), targets=(a.path,))
 
 

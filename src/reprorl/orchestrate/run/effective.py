@@ -26,6 +26,7 @@ from reprorl.config.spec import LearningSpec
 from reprorl.hashing import canonical_json, content_hash
 from reprorl.orchestrate.run.budget import BudgetMeter
 from reprorl.orchestrate.run.guarding import LoopGuard
+from reprorl.orchestrate.run.signal_pool import SignalPool
 from reprorl.policy import LoadedModel
 from reprorl.policy.digest import text_hash
 from reprorl.policy.vllm_engine import RolloutEngine
@@ -72,6 +73,7 @@ class TrainLoop(Protocol):
     dtype: torch.dtype
     train_version: str
     guard: LoopGuard | None
+    pool: SignalPool | None
     budget: BudgetMeter
     engine: RolloutEngine | None
 

@@ -148,13 +148,19 @@ def test_an_empty_run_has_the_columns_and_types_of_a_written_one(tmp_path: Path)
 
 
 PROBE = """
-import resource, sys
+import faulthandler, resource, sys
 import duckdb, psutil
 from pathlib import Path
 from reprorl.store.rollout_query import RolloutStore
+faulthandler.enable()  # a crash in native code names where it was
 store = RolloutStore(Path(sys.argv[1]))
 mapped = psutil.Process().memory_info().vms
-resource.setrlimit(resource.RLIMIT_AS, (mapped + (4 << 20), resource.RLIM_INFINITY))
+# Room for the main thread's own allocations, never for a new thread's stack (RLIMIT_STACK
+# large, 8 MiB by default): one MiB short of a stack. Less room leaves DuckDB and Arrow at the
+# edge of their own allocations, where a native library may crash instead of refusing.
+stack = resource.getrlimit(resource.RLIMIT_STACK)[0]
+room = 7 << 20 if stack == resource.RLIM_INFINITY else max(stack - (1 << 20), 4 << 20)
+resource.setrlimit(resource.RLIMIT_AS, (mapped + room, resource.RLIM_INFINITY))
 print(store.count())
 try:
     print(store.query().num_rows)

@@ -6,6 +6,7 @@ import typer
 
 from reprorl.cli import (
     audit_cmd,
+    bundle_cmd,
     compare_cmd,
     diff_cmd,
     export_cmd,
@@ -24,3 +25,7 @@ app.command("audit")(audit_cmd.audit)
 app.command("report")(report_cmd.report)
 app.command("export-metrics")(export_cmd.export_metrics)
 app.command("export-adapter")(export_cmd.export_adapter_cmd)
+app.command("export")(bundle_cmd.export)
+app.command("import")(bundle_cmd.import_)
+app.command("verify")(bundle_cmd.verify)
+app.command("keygen")(bundle_cmd.keygen)

@@ -244,6 +244,34 @@ class Registry:
                 continue  # another writer took this version number; read again and retry
         raise RegistryError(f"could not register {name}: too many concurrent registrations")
 
+    def adopt(self, version: ArtifactVersion) -> ArtifactVersion | None:
+        """Register `version` under its own number, as another store had it (an imported run's
+        artifact); None when that number of that name is taken here by other content."""
+        with self.session() as s:
+            row = s.scalars(
+                select(ArtifactRow).where(
+                    ArtifactRow.name == version.name, ArtifactRow.version == version.version
+                )
+            ).first()
+            if row is not None:
+                return ArtifactVersion.of(row) if row.hash == version.hash else None
+        try:
+            with self.session() as s:
+                row = ArtifactRow(
+                    name=version.name,
+                    version=version.version,
+                    hash=version.hash,
+                    kind=version.kind,
+                    size=version.size,
+                    created_at=version.created_at,
+                    meta=json.loads(json.dumps(version.meta)),
+                )
+                s.add(row)
+                s.flush()
+                return ArtifactVersion.of(row)
+        except sa_exc.IntegrityError:
+            return None  # another writer took the number first
+
     def versions(self, name: str | None = None) -> list[ArtifactVersion]:
         query = select(ArtifactRow).order_by(ArtifactRow.name, ArtifactRow.version)
         if name is not None:

@@ -61,6 +61,9 @@ _LAZY = {
     "HttpSampler": "reprorl.policy.http",
     "sequences": "reprorl.trainer.data",
     "export_adapter": "reprorl.orchestrate.jobs.export_adapter",
+    "export_bundle": "reprorl.portable",
+    "import_bundle": "reprorl.portable",
+    "read_bundle": "reprorl.portable",
     "DashboardServer": "reprorl.dashboard",
     "create_dashboard": "reprorl.dashboard",
 }
@@ -144,5 +147,9 @@ __all__ = [  # noqa: RUF022 -- grouped by the story each name serves
     "sequences",
     "export_adapter",
     "train_run",
+    # Hand a run to another machine (docs/portable.md).
+    "export_bundle",
+    "import_bundle",
+    "read_bundle",
     "__version__",
 ]

@@ -227,3 +227,22 @@ def test_a_signed_bundle_names_its_signer_and_an_edited_manifest_breaks_the_sign
     assert "manifest.sig" in err and "edited after signing" in err, err
     assert main(["runs", "verify", str(signed), "--signer", "ed25519:" + "0" * 32]) == 2
     assert "not by ed25519:000" in capsys.readouterr().err
+
+
+def test_reproduce_from_a_bundle_imports_checks_the_lock_and_matches(
+    exported: tuple[Path, str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _origin, run_id, bundle = exported
+    home = ["--home", str(tmp_path / "home")]
+    capsys.readouterr()
+    assert main([*home, "reproduce", "--bundle", str(bundle), "--json"]) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert result["matches"] and result["original"] == run_id
+    assert f"run {run_id} from bundle sha256:" in captured.err and ", imported" in captured.err
+    assert "packages match the run's lock" in captured.err  # the same venv exported and reruns it
+    # Again: the run is already here from this very bundle, so it is not imported twice.
+    assert main([*home, "reproduce", "--bundle", str(bundle), "--json"]) == 0
+    assert ", imported" not in capsys.readouterr().err
+    assert main([*home, "reproduce", run_id, "--bundle", str(bundle)]) == 2
+    assert "not both" in capsys.readouterr().err

@@ -25,13 +25,13 @@ def export(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Write the run's records, the artifacts it used and made, and its code state into one file."""
-    from reprorl.portable import export_run
+    from reprorl.portable import export_bundle
     from reprorl.portable.models import package_of
 
     store = options(ctx).store()
     record = find_run(store, run)
     target = out or Path(f"{record.run_id}.tar")
-    done = export_run(
+    done = export_bundle(
         store,
         record.run_id,
         target,

@@ -3,26 +3,51 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import typer
 
 from reprorl.cli.context import options
-from reprorl.cli.output import console, print_json
-from reprorl.store import find_run
+from reprorl.cli.output import console, err_console, print_json
+from reprorl.errors import UserInputError
+from reprorl.store import Store, find_run
 
 SHOWN = 20
 
 
 def reproduce(
     ctx: typer.Context,
-    run: str = typer.Argument(..., help="The run to reproduce (id or unique prefix)."),
+    run: str | None = typer.Argument(None, help="The run to reproduce (id or unique prefix)."),
+    bundle: Path | None = typer.Option(
+        None, "--bundle", help="Import this bundle (`runs export`), check the environment, rebuild its code."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Train the run's recorded spec again; compare metrics and final weights (exit 1 if they differ)."""
+    """Train the run's recorded spec again; compare metrics and final weights (exit 1 if they differ).
+
+    With --bundle: import the bundle's run into this store, compare this environment with the run's
+    package lock, and rerun from its recorded code state (a scratch git worktree) when that is not
+    the code here."""
+    store = options(ctx).store()
+    if bundle is not None:
+        if run is not None:
+            raise UserInputError("give a RUN or --bundle FILE, not both", field="RUN")
+        with tempfile.TemporaryDirectory(prefix="reprorl-reproduce-") as scratch:
+            code = _from_bundle(ctx, store, bundle, Path(scratch), as_json)
+        raise typer.Exit(code)
+    if run is None:
+        raise UserInputError("give the RUN to reproduce, or --bundle FILE", field="RUN")
+    raise typer.Exit(_reproduce(store, find_run(store, run).run_id, as_json))
+
+
+def _reproduce(store: Store, run_id: str, as_json: bool) -> int:
     from reprorl.orchestrate.jobs.reproduce import reproduce_run
 
-    store = options(ctx).store()
-    result = asyncio.run(reproduce_run(store, find_run(store, run).run_id, show_progress=not as_json))
+    result = asyncio.run(reproduce_run(store, run_id, show_progress=not as_json))
     if as_json:
         print_json(result.to_json())
     else:
@@ -42,5 +67,46 @@ def reproduce(
             console.print(f"  {where} {d.key}: {d.original!r} then, {d.rerun!r} now")
         if len(result.differences) > SHOWN:
             console.print(f"  … and {len(result.differences) - SHOWN} more (--json lists all)")
-    if not result.matches:
-        raise typer.Exit(1)
+    return 0 if result.matches else 1
+
+
+def _from_bundle(ctx: typer.Context, store: Store, bundle: Path, scratch: Path, as_json: bool) -> int:
+    """Import, check the lock, rebuild the code; then reproduce here or from the rebuilt code."""
+    from reprorl.portable.models import find_model
+    from reprorl.portable.rerun import prepare, remove_worktree
+
+    ready = prepare(store, bundle, scratch, find_model=find_model)
+    say = err_console.print if as_json else console.print
+    say(f"run {ready.run_id} from bundle {ready.bundle_id}" + (", imported" if ready.imported else ""))
+    if ready.python[0] != ready.python[1]:
+        say(f"[yellow]warning:[/] Python {ready.python[0]} then, {ready.python[1]} here")
+    if ready.package_diff:
+        say(f"[yellow]warning:[/] {len(ready.package_diff) // 2 or 1} package(s) differ from the run's lock:")
+        for line in ready.package_diff:
+            say(f"  {line}")
+    else:
+        say("packages match the run's lock")
+    for note in ready.code_notes:
+        say(f"code: {note}")
+    if ready.worktree is None:
+        say(
+            "code: the recorded state is the code here"
+            if ready.code == "here"
+            else "code: rerun on the code here"
+        )
+        return _reproduce(store, ready.run_id, as_json)
+    say(f"code: rebuilt at {ready.worktree}")
+    try:
+        env = {**os.environ, "PYTHONPATH": str(ready.worktree / "src")}
+        argv = [sys.executable, "-m", "reprorl.cli.main", *_store_args(ctx), "reproduce", ready.run_id]
+        done = subprocess.run(
+            [*argv, *(["--json"] if as_json else [])], cwd=ready.worktree, env=env, check=False
+        )
+        return done.returncode
+    finally:
+        remove_worktree(ready.worktree)
+
+
+def _store_args(ctx: typer.Context) -> list[str]:
+    opts = options(ctx)
+    return ["--home", str(opts.store().root), *(["--db-url", opts.db_url] if opts.db_url else [])]

@@ -51,7 +51,7 @@ class Exported:
     signer: str | None
 
 
-def export_run(
+def export_bundle(
     store: Store,
     run_id: str,
     out: Path,

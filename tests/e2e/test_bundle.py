@@ -28,9 +28,13 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, Path]
     home = root / "home"
     assert main(["--home", str(home), "run", str(root / "spec.toml")]) == 0
     (run_id,) = [p.name for p in (home / "runs").iterdir() if not p.name.startswith(".")]
-    bundle = root / "run.tar"
     # The tiny model is a folder no package ships: it travels in the bundle.
-    assert main(["--home", str(home), "runs", "export", run_id, "-o", str(bundle), "--with-models"]) == 0
+    (root / "out").mkdir()
+    assert (
+        main(["--home", str(home), "runs", "export", run_id, "-o", str(root / "out"), "--with-models"]) == 0
+    )
+    (bundle,) = (root / "out").iterdir()
+    assert bundle.name.startswith(f"{run_id}-") and bundle.suffix == ".tar"  # <run id>-<id prefix>.tar
     return home, run_id, bundle
 
 
@@ -124,6 +128,15 @@ def _flip(name: str) -> object:
     return change
 
 
+def _edit_created_at(info: tarfile.TarInfo, data: bytes) -> bytes:
+    """The manifest with another `created_at`, still in canonical form (its members untouched)."""
+    if info.name != "manifest.json":
+        return data
+    manifest = json.loads(data)
+    manifest["created_at"] = "2020-01-01T00:00:00+00:00"
+    return (json.dumps(manifest, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+
+
 def _member_names(bundle: Path) -> list[str]:
     with tarfile.open(bundle) as tar:
         return tar.getnames()
@@ -179,6 +192,21 @@ def test_a_damaged_bundle_is_refused_naming_the_damage_and_nothing_is_registered
     assert victim in capsys.readouterr().err
 
 
+def test_an_edited_manifest_is_refused_by_the_id_its_file_name_carries(
+    exported: tuple[Path, str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Edited in canonical form, its member list untouched: only the id can tell, and the name has it."""
+    _origin, _run_id, bundle = exported
+
+    edited = tmp_path / bundle.name
+    _rewrite(bundle, edited, _edit_created_at)
+    capsys.readouterr()
+    assert main(["--home", str(tmp_path / "home"), "runs", "import", str(edited)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "manifest.json was edited" in err, err
+    assert not (tmp_path / "home" / "runs").exists()
+
+
 def test_a_signed_bundle_names_its_signer_and_an_edited_manifest_breaks_the_signature(
     exported: tuple[Path, str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -210,17 +238,8 @@ def test_a_signed_bundle_names_its_signer_and_an_edited_manifest_breaks_the_sign
 
     # Re-signing with another key is a different signer; a manifest edited in canonical form
     # (so its member list still matches) fails the signature.
-    def edit(info: tarfile.TarInfo, data: bytes) -> bytes:
-        if info.name != "manifest.json":
-            return data
-        manifest = json.loads(data)
-        manifest["created_at"] = "2020-01-01T00:00:00+00:00"
-        return (
-            json.dumps(manifest, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n"
-        ).encode()
-
     edited = tmp_path / "edited.tar"
-    _rewrite(signed, edited, edit)
+    _rewrite(signed, edited, _edit_created_at)
     capsys.readouterr()
     assert main(["runs", "verify", str(edited)]) == 2
     err = capsys.readouterr().err

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from cli_support import Cli, run_ids, tiny_training_store
 
-from reprorl.orchestrate.run.kept_versions import VERSIONS_FILE
 from reprorl.store import RunRecord, Store, read_log
 from reprorl.store.rollout_query import RolloutStore
+from reprorl.store.runs import VERSIONS_FILE
 
 SPEC = """
 name = "tiny-replay"

@@ -16,7 +16,8 @@ from reprorl.audit.facts import Finding, RunFacts, short
 from reprorl.errors import ReprorlError
 from reprorl.orchestrate.jobs.replay import Replayer
 from reprorl.orchestrate.jobs.replay_policy import TRAINED_KINDS
-from reprorl.orchestrate.run.kept_versions import FULL_WHY, VERSIONS_FILE, GoneError, kept_tensors
+from reprorl.orchestrate.run.kept_versions import FULL_WHY, GoneError, kept_tensors
+from reprorl.store.runs import VERSIONS_FILE
 
 Row = dict[str, Any]
 

@@ -16,7 +16,9 @@ from reprorl.store import find_run
 def export(
     ctx: typer.Context,
     run: str = typer.Argument(..., help="Run id or a unique prefix of it."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="The bundle file (default: RUN_ID.tar here)."),
+    out: Path = typer.Option(
+        Path(), "--out", "-o", help="The bundle file, or a folder to write RUN_ID-IDPREFIX.tar into."
+    ),
     with_models: bool = typer.Option(
         False, "--with-models", help="Carry the base models' bytes too (else their hash and source)."
     ),
@@ -30,11 +32,10 @@ def export(
 
     store = options(ctx).store()
     record = find_run(store, run)
-    target = out or Path(f"{record.run_id}.tar")
     done = export_bundle(
         store,
         record.run_id,
-        target,
+        out,
         with_models=with_models,
         checkpoints=checkpoints,
         model_package=package_of,

@@ -8,51 +8,14 @@ if it were added to the artifact store — the version a run spec pins and a rol
 from __future__ import annotations
 
 import hashlib
-import stat
 from collections.abc import Mapping
-from pathlib import Path
 
 import torch
 
-from reprorl.errors import UserInputError
 from reprorl.hashing import HASH_PREFIX, canonical_json
-from reprorl.store.blobs import CHUNK, TREE_FORMAT
+from reprorl.store.blobs import file_hash, tree_hash
 
-
-def file_hash(path: Path) -> str:
-    """`sha256:<hex>` of a file's bytes, read in chunks."""
-    digest = hashlib.sha256()
-    with Path(path).open("rb") as handle:
-        while chunk := handle.read(CHUNK):
-            digest.update(chunk)
-    return HASH_PREFIX + digest.hexdigest()
-
-
-def tree_hash(directory: Path, *, exclude: frozenset[str] = frozenset()) -> str:
-    """The address `ContentStore.put_tree(directory)` would return, computed without storing.
-
-    `exclude` names top-level files left out (a cache's own bookkeeping file).
-    """
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise UserInputError(f"{str(directory)!r} is not a directory")
-    entries: list[dict[str, object]] = []
-    for path in sorted(directory.rglob("*")):
-        rel = path.relative_to(directory).as_posix()
-        if rel in exclude or path.is_dir():
-            continue
-        if path.is_symlink() or not path.is_file():
-            raise UserInputError(f"{rel!r} in {str(directory)!r} is not a regular file")
-        entries.append(
-            {
-                "path": rel,
-                "hash": file_hash(path),
-                "size": path.stat().st_size,
-                "exec": bool(path.stat().st_mode & stat.S_IXUSR),
-            }
-        )
-    manifest = {"format": TREE_FORMAT, "entries": entries}
-    return HASH_PREFIX + hashlib.sha256(canonical_json(manifest).encode("utf-8")).hexdigest()
+__all__ = ["file_hash", "tensors_hash", "text_hash", "tree_hash"]
 
 
 def tensors_hash(tensors: Mapping[str, torch.Tensor]) -> str:

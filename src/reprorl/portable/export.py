@@ -18,9 +18,8 @@ from typing import IO, Any, cast
 
 from reprorl.errors import IntegrityError, UserInputError
 from reprorl.hashing import HASH_PREFIX, canonical_json
-from reprorl.orchestrate.run.kept_versions import VERSIONS_FILE
-from reprorl.policy.digest import tree_hash
 from reprorl.portable.manifest import (
+    ID_IN_NAME,
     MANIFEST,
     REGISTRY,
     SIGNATURE,
@@ -33,6 +32,8 @@ from reprorl.portable.manifest import (
 from reprorl.portable.signing import load_key, sign, signer_id
 from reprorl.store import ArtifactVersion, RunRecord, Store, read_log
 from reprorl.store.atomic import fsync_dir
+from reprorl.store.blobs import tree_hash
+from reprorl.store.runs import VERSIONS_FILE
 
 CHECKPOINTS_DIR = "checkpoints"
 UNTRACKED_MAX_BYTES = 16 << 20  # per file: a data file left untracked is not code
@@ -66,8 +67,7 @@ def export_bundle(
     record = RunRecord(store, run_id)
     info = record.info()  # verifies spec.json and run.json against their checksums first
     out = Path(out)
-    if out.is_dir():
-        raise UserInputError(f"{out} is a folder; give the bundle's file name, e.g. {out / run_id}.tar")
+    folder = out if out.is_dir() else out.parent  # a folder: named `<run id>-<id prefix>.tar` in it
     versions = _artifacts(store, run_id, info)
     models = [_model(v, with_models, model_package) for v in versions if v.kind == "model"]
     shipped = {v.hash for v in versions if v.kind != "model" or with_models}
@@ -75,8 +75,8 @@ def export_bundle(
     rebuilt = _stored_folders(record.path, shipped)
     notes: list[str] = []
     members: list[Member] = []
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = out.with_name(f".tmp-{out.name}-{os.getpid()}")
+    folder.mkdir(parents=True, exist_ok=True)
+    staging = folder / f".tmp-{run_id}-{os.getpid()}.tar"
     try:
         with staging.open("wb") as raw, tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
             for rel, path in _run_files(record.path, checkpoints, set(rebuilt)):
@@ -111,8 +111,10 @@ def export_bundle(
                 _add_bytes(tar, SIGNATURE, sign(manifest.to_bytes(), key))
             raw.flush()
             os.fsync(raw.fileno())
+        if out.is_dir():
+            out = out / f"{run_id}-{manifest.bundle_id().removeprefix(HASH_PREFIX)[:ID_IN_NAME]}.tar"
         staging.replace(out)
-        fsync_dir(out.parent)
+        fsync_dir(folder)
     except BaseException:
         staging.unlink(missing_ok=True)
         raise

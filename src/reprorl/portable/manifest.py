@@ -30,6 +30,10 @@ MANIFEST = "manifest.json"
 REGISTRY = "registry.json"
 SIGNATURE = "manifest.sig"
 CHUNK = 1 << 20
+# A bundle named by export carries this many hex digits of its id in its file name
+# (`<run id>-<hex>.tar`), so an edit to its manifest shows even unsigned.
+ID_IN_NAME = 12
+_NAMED = re.compile(rf"-([0-9a-f]{{{ID_IN_NAME}}})\.tar$")
 # A member path: relative, forward slashes, no `..`, no empty or hidden-dot components.
 _SAFE_PATH = re.compile(
     r"^(?!/)(?:[A-Za-z0-9_+=,@-][A-Za-z0-9_.+=,@ -]*/)*[A-Za-z0-9_+=,@-][A-Za-z0-9_.+=,@ -]*$"
@@ -84,6 +88,12 @@ class Manifest(BaseModel):
 
     def to_bytes(self) -> bytes:
         return (canonical_json(self.model_dump(mode="json")) + "\n").encode()
+
+
+def id_in_name(name: str) -> str | None:
+    """The id prefix an exported bundle's file name carries, if it has one."""
+    found = _NAMED.search(name)
+    return found.group(1) if found else None
 
 
 def safe_member_path(path: str) -> bool:

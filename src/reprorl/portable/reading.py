@@ -27,6 +27,7 @@ from reprorl.portable.manifest import (
     Manifest,
     chunks,
     describe,
+    id_in_name,
     safe_member_path,
 )
 from reprorl.portable.signing import SignatureError, check
@@ -96,6 +97,8 @@ def read_bundle(path: Path, into: Path | None = None) -> Opened:
                         _write(into / name, chunks(reader))
                     digest, size = reader.hexdigest(), reader.size
                 seen[name] = (digest, size)
+                # A stream keeps every header it read (an undeclared attribute); a run's parts need not.
+                tar.members = []  # type: ignore[attr-defined]
     except tarfile.TarError as exc:
         raise BundleError(
             f"{path}: not a readable tar ({describe(exc)}); the file is cut short or not a bundle"
@@ -103,6 +106,11 @@ def read_bundle(path: Path, into: Path | None = None) -> Opened:
     if manifest_bytes is None:
         raise BundleError(f"{path}: {MANIFEST} is missing (the file is cut short or not a bundle)")
     manifest = _parse_manifest(path, manifest_bytes)
+    named = id_in_name(path.name)
+    if named is not None and not manifest.bundle_id().removeprefix(HASH_PREFIX).startswith(named):
+        raise BundleError(
+            f"{path}: {MANIFEST} was edited: the bundle id is no longer the {named} its file name carries"
+        )
     _check_members(path, manifest, seen)
     registry = _parse_json(path, REGISTRY, small.get(REGISTRY))
     _check_records(path, manifest, small, registry)
@@ -150,7 +158,7 @@ def _check_members(path: Path, manifest: Manifest, seen: dict[str, tuple[str, in
         raise BundleError(f"{path}: {MANIFEST} lists a member twice")
     for member in manifest.members:
         if member.path not in seen:
-            raise BundleError(f"{path}: member {member.path!r} is missing")
+            raise BundleError(f"{path}: member {member.path!r}, listed in {MANIFEST}, is missing")
         digest, size = seen[member.path]
         if (digest, size) != (member.sha256, member.size):
             raise BundleError(f"{path}: member {member.path!r} does not match its sha256 in {MANIFEST}")

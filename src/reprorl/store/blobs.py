@@ -40,6 +40,41 @@ def _digest_of(address: str) -> str:
     return address[len(HASH_PREFIX) :]
 
 
+def file_hash(path: Path) -> str:
+    """`sha256:<hex>` of a file's bytes, read in chunks: its address in a store."""
+    digest = hashlib.sha256()
+    for chunk in _chunks(Path(path)):
+        digest.update(chunk)
+    return HASH_PREFIX + digest.hexdigest()
+
+
+def tree_hash(directory: Path, *, exclude: frozenset[str] = frozenset()) -> str:
+    """The address `ContentStore.put_tree(directory)` would return, computed without storing.
+
+    `exclude` names top-level files left out (a cache's own bookkeeping file).
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise UserInputError(f"{str(directory)!r} is not a directory")
+    entries: list[dict[str, object]] = []
+    for path in sorted(directory.rglob("*")):
+        rel = path.relative_to(directory).as_posix()
+        if rel in exclude or path.is_dir():
+            continue
+        if path.is_symlink() or not path.is_file():
+            raise UserInputError(f"{rel!r} in {str(directory)!r} is not a regular file")
+        entries.append(
+            {
+                "path": rel,
+                "hash": file_hash(path),
+                "size": path.stat().st_size,
+                "exec": bool(path.stat().st_mode & stat.S_IXUSR),
+            }
+        )
+    manifest = {"format": TREE_FORMAT, "entries": entries}
+    return HASH_PREFIX + hashlib.sha256(canonical_json(manifest).encode("utf-8")).hexdigest()
+
+
 class ContentStore:
     """Blobs and trees under `root/objects`, verified on every read."""
 

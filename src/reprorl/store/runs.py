@@ -32,6 +32,9 @@ RunStatus = Literal["created", "running", "succeeded", "failed", "stopped"]
 FINAL_STATUSES = frozenset({"succeeded", "failed", "stopped"})
 RECORD_FORMAT = "reprorl.run/1"
 IMMUTABLE_FILES = ("spec.json", "run.json")
+# The kept policy versions' index (orchestrate/run/kept_versions.py writes it): each line names the
+# store object holding one version's tensors.
+VERSIONS_FILE = "versions.jsonl"
 
 
 _last_id_time = datetime.min.replace(tzinfo=UTC)

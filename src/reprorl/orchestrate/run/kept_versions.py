@@ -22,10 +22,9 @@ from reprorl.orchestrate.run.checkpoint import STEP_PREFIX, checkpoints_root, ve
 from reprorl.policy import tensors_hash
 from reprorl.store import RunRecord, read_log
 from reprorl.store.atomic import append_durable
-from reprorl.store.runs import checksummed_line
+from reprorl.store.runs import VERSIONS_FILE, checksummed_line
 from reprorl.trainer.local import STATE_WEIGHTS
 
-VERSIONS_FILE = "versions.jsonl"
 KINDS_KEPT = ("adapter",)
 
 

@@ -265,3 +265,38 @@ def test_reproduce_from_a_bundle_imports_checks_the_lock_and_matches(
     assert ", imported" not in capsys.readouterr().err
     assert main([*home, "reproduce", run_id, "--bundle", str(bundle)]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+def test_a_bundle_without_policy_versions_is_smaller_and_still_reproduces(
+    exported: tuple[Path, str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    origin, run_id, full = exported
+    out = cli_json(
+        capsys,
+        "--home",
+        str(origin),
+        "runs",
+        "export",
+        run_id,
+        "-o",
+        str(tmp_path),
+        "--with-models",
+        "--no-versions",
+    )
+    lean = Path(str(out["path"]))
+    kept = [
+        json.loads(line)["rec"]
+        for line in (origin / "runs" / run_id / "versions.jsonl").read_text().splitlines()
+    ]
+    tensors = {"objects/" + str(k["tensors"]).removeprefix("sha256:") for k in kept if k.get("tensors")}
+    left_out = set(_member_names(full)) - set(_member_names(lean))
+    # Only version tensors are left out (one no artifact also holds: the SFT adapter's may be the same bytes).
+    assert left_out and left_out <= tensors and set(_member_names(lean)) < set(_member_names(full))
+    assert lean.stat().st_size < full.stat().st_size
+    with tarfile.open(lean) as tar:
+        manifest = json.loads(tar.extractfile("manifest.json").read())  # type: ignore[union-attr]
+    assert manifest["versions"] is False
+    home = ["--home", str(tmp_path / "home")]
+    assert main([*home, "runs", "import", str(lean)]) == 0
+    result = cli_json(capsys, *home, "reproduce", run_id)
+    assert result["matches"]

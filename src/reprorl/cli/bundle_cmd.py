@@ -23,6 +23,11 @@ def export(
         False, "--with-models", help="Carry the base models' bytes too (else their hash and source)."
     ),
     checkpoints: bool = typer.Option(False, "--checkpoints", help="Carry the resumable checkpoints too."),
+    versions: bool = typer.Option(
+        True,
+        "--versions/--no-versions",
+        help="Carry every kept policy version's tensors (any rollout replays from the bundle).",
+    ),
     sign: Path | None = typer.Option(None, "--sign", help="Sign with this ed25519 key (`runs keygen`)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
@@ -38,6 +43,7 @@ def export(
         out,
         with_models=with_models,
         checkpoints=checkpoints,
+        policy_versions=versions,
         model_package=package_of,
         sign_with=sign,
     )
@@ -130,6 +136,11 @@ def verify(
             f"bundle {done.bundle_id}, run {done.manifest.run_id}"
         )
         console.print(f"signed by {done.signer}" if done.signer else "not signed")
+        if not done.manifest.versions:
+            console.print(
+                "[yellow]note:[/] exported with --no-versions: rollouts cannot be replayed from the bundle "
+                "(question 9); `reprorl reproduce --bundle` trains the versions again"
+            )
         for answer in done.audit.answers:
             console.print(f"  {answer.status} {answer.number}. {answer.question}")
             for line in answer.missing:

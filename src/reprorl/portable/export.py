@@ -59,6 +59,7 @@ def export_bundle(
     *,
     with_models: bool = False,
     checkpoints: bool = False,
+    policy_versions: bool = True,
     model_package: ModelPackage = lambda _hash: None,
     sign_with: Path | None = None,
 ) -> Exported:
@@ -72,6 +73,8 @@ def export_bundle(
     models = [_model(v, with_models, model_package) for v in versions if v.kind == "model"]
     shipped = {v.hash for v in versions if v.kind != "model" or with_models}
     kept = _kept_versions(record)  # the tensors every rollout's policy version names, for replay
+    if not policy_versions:
+        kept = set()
     rebuilt = _stored_folders(record.path, shipped)
     notes: list[str] = []
     members: list[Member] = []
@@ -101,6 +104,7 @@ def export_bundle(
                 spec_hash=str(info["spec_hash"]),
                 created_at=datetime.datetime.now(datetime.UTC).isoformat(),
                 checkpoints=checkpoints,
+                versions=policy_versions,
                 rebuilt=rebuilt,
                 notes=notes,
                 models=models,

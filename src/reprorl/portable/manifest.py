@@ -74,6 +74,11 @@ class Manifest(BaseModel):
     spec_hash: str = Field(description="Its spec hash.")
     created_at: str = Field(description="When the bundle was written (UTC, ISO 8601).")
     checkpoints: bool = Field(description="Whether the run's resumable checkpoints are included.")
+    versions: bool = Field(
+        default=True,
+        description="Whether the tensors of every kept policy version are included (for replaying any "
+        "rollout); without them a rerun makes them again, bit for bit on the CPU.",
+    )
     rebuilt: dict[str, str] = Field(
         default_factory=dict,
         description="Run-folder paths left out because a stored tree holds them (path -> tree hash); "

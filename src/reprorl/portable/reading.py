@@ -51,6 +51,7 @@ class Opened:
 
 # Run records small enough to keep in memory while streaming, for the cross-checks.
 _KEPT = ("run.json", "spec.json", "checksums.json", "status.json")
+SMALL_MAX_BYTES = 256 << 20  # a manifest of a million part files is a fraction of this
 
 
 def read_bundle(path: Path, into: Path | None = None) -> Opened:
@@ -76,7 +77,9 @@ def read_bundle(path: Path, into: Path | None = None) -> Opened:
                     raise BundleError(f"{path}: member {name!r} appears twice")
                 handle = tar.extractfile(info)
                 assert handle is not None  # a regular file always has contents
-                if name in (MANIFEST, SIGNATURE, REGISTRY) or name.rsplit("/", 1)[-1] in _KEPT:
+                if _kept(name):
+                    if info.size > SMALL_MAX_BYTES:
+                        raise BundleError(f"{path}: member {name!r} is {info.size:,} bytes, not a record")
                     data = handle.read()
                     small[name] = data
                     if name == MANIFEST:
@@ -87,14 +90,14 @@ def read_bundle(path: Path, into: Path | None = None) -> Opened:
                         continue
                     digest, size = sha256_hex(data), len(data)
                     if into is not None:
-                        _write(into / name, [data])
+                        _write(path, into, name, [data])
                 else:
                     reader = HashingReader(handle)
                     if into is None:
                         for _ in chunks(reader):
                             pass
                     else:
-                        _write(into / name, chunks(reader))
+                        _write(path, into, name, chunks(reader))
                     digest, size = reader.hexdigest(), reader.size
                 seen[name] = (digest, size)
                 # A stream keeps every header it read (an undeclared attribute); a run's parts need not.
@@ -123,11 +126,24 @@ def read_bundle(path: Path, into: Path | None = None) -> Opened:
     return Opened(path, manifest, manifest.bundle_id(), registry, signer, small)
 
 
-def _write(target: Path, data: Any) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with target.open("wb") as out:
-        for chunk in data:
-            out.write(chunk)
+def _kept(name: str) -> bool:
+    """A member read whole for the cross-checks: the manifest, signature, registry rows, and the
+    run folder's small JSON records (`runs/<id>/<record>`)."""
+    if name in (MANIFEST, SIGNATURE, REGISTRY):
+        return True
+    parts = name.split("/")
+    return len(parts) == 3 and parts[0] == "runs" and parts[2] in _KEPT
+
+
+def _write(path: Path, into: Path, name: str, data: Any) -> None:
+    target = into / name
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with target.open("wb") as out:
+            for chunk in data:
+                out.write(chunk)
+    except (NotADirectoryError, IsADirectoryError, FileExistsError):
+        raise BundleError(f"{path}: member {name!r} collides with another member's folder") from None
 
 
 def _parse_manifest(path: Path, data: bytes) -> Manifest:

@@ -16,21 +16,28 @@ take the RL phase's CPU time at the warm start's measured CPU seconds per SFT st
 the control's held-out success, its CPU minutes, and RL's paired margin over it (per task, p-value by
 sign flips), and a last line per family pools the margin over the seeds (pairs are seed x task).
 Run it alone: torch processes sharing two cores with two threads each wait on each other. With
-`--keep DIR`, a run whose exact spec already succeeded in DIR is read back instead of trained again,
-so a table can be built over several sittings (e.g. one seed at a time, then all seeds for the
-pooled line).
+`--keep DIR`, a run whose exact spec already succeeded in DIR is read back instead of trained again.
+Every measured run is also appended to a ledger (`--ledger`, by default `bench/results/learning.jsonl`,
+kept in the repository): one line per run with its spec hash, the commit and date it was measured at,
+its per-task held-out success and its CPU minutes. A run whose spec hash the ledger holds is read
+from there instead of trained, so a table is built over several sittings (one seed or family at a
+time) and the pooled line covers them all; each row names the commit that measured it.
+`--no-train` prints only what the ledger holds.
 
     .venv/bin/python bench/learning.py [--families calc sql files mixed] [--seeds 0 1 2] [--control sft]
         [--steps N] [--lr LR] [--heldout 128] [--recipe FILE] [--set FIELD=VALUE ...] [--keep DIR]
+        [--ledger FILE] [--no-train]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
+import json
 import statistics
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -47,19 +54,48 @@ from reprorl.store import RunRecord, Store, iter_runs
 from reprorl.types import Split, TaskSet
 
 GENERATORS = {"calc": calculator, "sql": sql, "files": files}
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+LEDGER = ROOT / "bench" / "results" / "learning.jsonl"
 MIXED = ("calc", "sql", "files")
 
 
 @dataclass(frozen=True)
 class Measured:
-    """One run's held-out success per suite at its first and last eval points, and its RL compute."""
+    """One run's held-out success per suite at its first and last eval points, and its compute."""
 
-    record: RunRecord
+    spec_hash: str
+    run_id: str
+    commit: str  # the code that trained it, from its record ("+dirty" when the checkout had changes)
+    date: str
     first: dict[str, dict[str, float]]  # suite -> task -> success
     last: dict[str, dict[str, float]]
-    cpu_min: float
+    cpu_min: float  # RL phase: rollouts + updates
     wall_min: float
+    sft_cpu_min: float  # the warm start
+    sft_step_cpu_s: float  # its median CPU seconds per step
+
+
+def code_state(record: RunRecord) -> str:
+    """The commit the run was trained at, as its record has it ("+dirty" with uncommitted changes)."""
+    code = record.info().get("environment", {}).get("code", {})
+    state = code.get("reprorl") or code.get("cwd") or {}
+    commit = str(state.get("commit") or "unknown")[:12]
+    return commit + ("+dirty" if state.get("dirty") else "")
+
+
+def read_ledger(path: Path) -> dict[str, Measured]:
+    """spec hash -> the run measured with it (the latest line wins)."""
+    if not path.exists():
+        return {}
+    runs = [Measured(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+    return {m.spec_hash: m for m in runs}
+
+
+def append_ledger(path: Path, measured: Measured) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as out:
+        out.write(json.dumps(asdict(measured), sort_keys=True) + "\n")
 
 
 def register(store: Store, family: str, heldout: int) -> list[str]:
@@ -94,10 +130,12 @@ def rl_minutes(record: RunRecord) -> tuple[float, float]:
     return cpu, wall
 
 
-def sft_step_cpu_s(record: RunRecord) -> float:
-    """The warm start's CPU seconds per SFT step (the median; step 0 also collects the demonstrations)."""
-    times = [m["sft_cpu_s"] for m in record.metrics().records if m.get("stage") == "sft" and m["step"] > 0]
-    return float(statistics.median(times))
+def sft_minutes(record: RunRecord) -> tuple[float, float]:
+    """The warm start's CPU minutes and its median CPU seconds per SFT step (step 0 also collects
+    the demonstrations, so it is left out of the median)."""
+    sft = [m for m in record.metrics().records if m.get("stage") == "sft"]
+    per_step = [m["sft_cpu_s"] for m in sft if m["step"] > 0]
+    return sum(m["sft_cpu_s"] for m in sft) / 60, float(statistics.median(per_step)) if per_step else 0.0
 
 
 def finished(store: Store, spec: RunSpec) -> RunRecord | None:
@@ -109,12 +147,31 @@ def finished(store: Store, spec: RunSpec) -> RunRecord | None:
     return None
 
 
-async def run(store: Store, spec: RunSpec) -> Measured:
-    record = finished(store, spec) or await train_run(store, spec)
+async def run(store: Store, spec: RunSpec, ledger: Path, train: bool) -> Measured | None:
+    """The run of `spec`: from the ledger, else from the store, else trained (unless not `train`)."""
+    known = read_ledger(ledger).get(spec.spec_hash())
+    if known is not None:
+        return known
+    record = finished(store, spec)
+    if record is None:
+        if not train:
+            return None
+        record = await train_run(store, spec)
     points = suite_points(record)
-    first = {suite: steps[min(steps)] for suite, steps in points.items()}
-    last = {suite: steps[max(steps)] for suite, steps in points.items()}
-    return Measured(record, first, last, *rl_minutes(record))
+    measured = Measured(
+        spec_hash=spec.spec_hash(),
+        run_id=record.run_id,
+        commit=code_state(record),
+        date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
+        first={suite: steps[min(steps)] for suite, steps in points.items()},
+        last={suite: steps[max(steps)] for suite, steps in points.items()},
+        cpu_min=rl_minutes(record)[0],
+        wall_min=rl_minutes(record)[1],
+        sft_cpu_min=sft_minutes(record)[0],
+        sft_step_cpu_s=sft_minutes(record)[1],
+    )
+    append_ledger(ledger, measured)
+    return measured
 
 
 def spec_for(store: Store, family: str, seed: int, suites: list[str], args: argparse.Namespace) -> RunSpec:
@@ -137,7 +194,7 @@ def spec_for(store: Store, family: str, seed: int, suites: list[str], args: argp
 
 def control_of(spec: RunSpec, rl: Measured) -> tuple[RunSpec, int]:
     """The same spec with no RL step and the RL phase's CPU time spent on more SFT steps."""
-    extra = round(rl.cpu_min * 60 / sft_step_cpu_s(rl.record))
+    extra = round(rl.cpu_min * 60 / rl.sft_step_cpu_s)
     learning = spec.learning.model_copy(update={"steps": 0, "sft_steps": spec.learning.sft_steps + extra})
     return spec.model_copy(update={"learning": learning, "name": f"{spec.name}-sft-control"}), extra
 
@@ -157,13 +214,15 @@ def row(family: str, seed: int, suite: str, rl: Measured, control: Measured | No
     text = (
         f"{family:<6}{suite:<14}{seed:>4}  {before!s:<26}{after!s:<26}"
         f"{change.estimate.value:+.3f} [{change.estimate.low:+.2f}, {change.estimate.high:+.2f}] "
-        f"p={change.p_value:.3g}  {overlap:<8}{rl.cpu_min:>7.1f}{rl.wall_min:>7.1f}"
+        f"p={change.p_value:.3g}  {overlap:<8}{rl.cpu_min:>7.1f}{rl.wall_min:>7.1f}  {rl.commit:<19}"
     )
     if control is not None:
         ctl = interval(control.first[suite], seed, suite)
         diff = margin(rl.last[suite], control.first[suite], seed, suite)
-        cpu = sum(m["sft_cpu_s"] for m in control.record.metrics().records if m.get("stage") == "sft") / 60
-        text += f"   control {ctl!s:<26} +{extra} SFT steps, {cpu:.1f} cpu-min   RL - control {diff}"
+        text += (
+            f"   control {ctl!s:<26} +{extra} SFT steps, {control.sft_cpu_min:.1f} cpu-min   "
+            f"RL - control {diff}"
+        )
     return text
 
 
@@ -178,10 +237,13 @@ def main() -> None:
     parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="spec overrides")
     parser.add_argument("--control", choices=["sft"], default=None, help="an equal-compute SFT control")
     parser.add_argument("--keep", type=Path, default=None, help="keep the stores (run records) here")
+    parser.add_argument("--ledger", type=Path, default=LEDGER, help="measured runs, one JSON line each")
+    parser.add_argument("--no-train", action="store_true", help="print only what the ledger holds")
     args = parser.parse_args()
     print(
         f"{'family':<6}{'suite':<14}{'seed':>4}  {'before [95% CI] n':<26}{'after [95% CI] n':<26}"
-        f"{'change (paired) [95% CI]':<34}{'CIs':<8}{'RL cpu':>7}{'wall':>7}  (minutes)"
+        f"{'change (paired) [95% CI]':<34}{'CIs':<8}{'RL cpu':>7}{'wall':>7}  {'measured at':<19}"
+        "(minutes)"
     )
     with tempfile.TemporaryDirectory(prefix="reprorl-learning-") as scratch:
         root = args.keep or Path(scratch)
@@ -191,11 +253,16 @@ def main() -> None:
                 store = Store(root / f"{family}-{seed}")
                 suites = register(store, family, args.heldout)
                 spec = spec_for(store, family, seed, suites, args)
-                rl = asyncio.run(run(store, spec))
+                rl = asyncio.run(run(store, spec, args.ledger, not args.no_train))
+                if rl is None:
+                    print(f"{family:<6}{'':<14}{seed:>4}  not in the ledger {args.ledger}")
+                    continue
                 control, extra = None, 0
                 if args.control == "sft":
                     control_spec, extra = control_of(spec, rl)
-                    control = asyncio.run(run(store, control_spec))
+                    control = asyncio.run(run(store, control_spec, args.ledger, not args.no_train))
+                    if control is None:
+                        print(f"{family:<6}{'':<14}{seed:>4}  its control is not in the ledger")
                 for suite in sorted(rl.last):
                     print(row(family, seed, suite, rl, control, extra), flush=True)
                     if control is not None:

@@ -74,6 +74,8 @@ def create_dirs(root: Path, slot: UidSlot | None) -> tuple[str, SandboxDirs]:
     """Make a fresh sandbox directory with a random id (unguessable, so sandboxes cannot find each other)."""
     sandbox_id = secrets.token_hex(8)
     dirs = SandboxDirs(root / f"{PREFIX}{sandbox_id}")
+    if not root.is_dir():  # a temp cleaner (or an operator) removed it while the pool ran
+        prepare_root(root)
     dirs.base.mkdir(mode=0o711)
     dirs.base.chmod(0o711)
     record = {

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+REPRORL = str(Path(sys.executable).parent / "reprorl")  # the console script of this venv
 
 
 def timed(label: str, argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
@@ -37,13 +38,13 @@ def timed(label: str, argv: list[str], **kwargs: object) -> subprocess.Completed
 def make_bundle(scratch: Path) -> Path:
     home = scratch / "author"
     env = {**os.environ, "REPRORL_HOME": str(home)}
-    timed("author: reprorl demo", [sys.executable, "-m", "reprorl.cli.main", "demo"], env=env, cwd=ROOT)
+    timed("author: reprorl demo", [REPRORL, "demo"], env=env, cwd=ROOT)
     runs = sorted(p.name for p in (home / "runs").iterdir() if not p.name.startswith("."))
     out = scratch / "bundle"
     out.mkdir()
     done = timed(
         "author: reprorl runs export",
-        [sys.executable, "-m", "reprorl.cli.main", "runs", "export", runs[-1], "-o", str(out), "--json"],
+        [REPRORL, "runs", "export", runs[-1], "-o", str(out), "--json"],
         env=env,
     )
     exported = json.loads(done.stdout)
@@ -81,7 +82,10 @@ def main() -> None:
         )
         print(f"{'teammate: total':<40} {time.perf_counter() - start:>7.0f} s")
         sys.stderr.write(done.stderr[-3000:])
-        result = json.loads(done.stdout)
+        try:
+            result = json.loads(done.stdout)
+        except ValueError:
+            raise SystemExit("reproduce printed no result; its messages are above") from None
         print(
             f"reproduced exactly: {result['matches']} ({result['lines_compared']} metric lines, "
             f"final weights {result['adapter']['rerun']})"

@@ -8,10 +8,11 @@ import io
 import json
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cli_support import tiny_training_store
-from test_reproduce import SPEC
+from test_train_replay import SPEC as REPLAY_SPEC
 
 from reprorl.cli.main import main
 from reprorl.store import Store
@@ -24,15 +25,15 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, Path]
     """A tiny finished run in a SQLite store, and its bundle: (home, run id, bundle)."""
     root = tmp_path_factory.mktemp("origin")
     tiny_training_store(root).close()
-    (root / "spec.toml").write_text(SPEC)
+    # Four RL steps of a recipe that learns even on the tiny model: several kept policy versions.
+    (root / "spec.toml").write_text(REPLAY_SPEC.replace("steps = 20", "steps = 4"))
     home = root / "home"
     assert main(["--home", str(home), "run", str(root / "spec.toml")]) == 0
     (run_id,) = [p.name for p in (home / "runs").iterdir() if not p.name.startswith(".")]
     # The tiny model is a folder no package ships: it travels in the bundle.
     (root / "out").mkdir()
-    assert (
-        main(["--home", str(home), "runs", "export", run_id, "-o", str(root / "out"), "--with-models"]) == 0
-    )
+    export = ["runs", "export", run_id, "-o", str(root / "out"), "--with-models", "--versions", "all"]
+    assert main(["--home", str(home), *export]) == 0
     (bundle,) = (root / "out").iterdir()
     assert bundle.name.startswith(f"{run_id}-") and bundle.suffix == ".tar"  # <run id>-<id prefix>.tar
     return home, run_id, bundle
@@ -57,7 +58,7 @@ def test_an_imported_run_reproduces_exactly_on_another_registry_backend(
     assert sorted(imported["artifacts"]) == [
         "calc-eval@v1",
         "calc-train@v1",
-        "tiny-reproduce-adapter@v1",
+        "tiny-replay-adapter@v1",
         "tiny@v1",
     ]  # type: ignore[arg-type]
 
@@ -135,6 +136,17 @@ def _edit_created_at(info: tarfile.TarInfo, data: bytes) -> bytes:
     manifest = json.loads(data)
     manifest["created_at"] = "2020-01-01T00:00:00+00:00"
     return (json.dumps(manifest, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+
+
+def _manifest(bundle: Path) -> dict[str, Any]:
+    with tarfile.open(bundle) as tar:
+        value: dict[str, Any] = json.loads(tar.extractfile("manifest.json").read())  # type: ignore[union-attr]
+    return value
+
+
+def _holds(bundle: Path) -> set[str]:
+    """The files a bundle holds: its members, and those derived from them on reading."""
+    return set(_member_names(bundle)) | {d["path"] for d in _manifest(bundle)["derived"]}
 
 
 def _member_names(bundle: Path) -> list[str]:
@@ -267,36 +279,72 @@ def test_reproduce_from_a_bundle_imports_checks_the_lock_and_matches(
     assert "not both" in capsys.readouterr().err
 
 
-def test_a_bundle_without_policy_versions_is_smaller_and_still_reproduces(
-    exported: tuple[Path, str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("which", ["ends", "none"])
+def test_a_bundle_with_fewer_policy_versions_is_smaller_verifies_and_reproduces(
+    exported: tuple[Path, str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], which: str
 ) -> None:
     origin, run_id, full = exported
-    out = cli_json(
-        capsys,
-        "--home",
-        str(origin),
-        "runs",
-        "export",
-        run_id,
-        "-o",
-        str(tmp_path),
-        "--with-models",
-        "--no-versions",
-    )
+    argv = ["--home", str(origin), "runs", "export", run_id, "-o", str(tmp_path / "out"), "--with-models"]
+    out = cli_json(capsys, *argv, *([] if which == "ends" else ["--versions", which]))  # ends: the default
     lean = Path(str(out["path"]))
     kept = [
         json.loads(line)["rec"]
         for line in (origin / "runs" / run_id / "versions.jsonl").read_text().splitlines()
     ]
-    tensors = {"objects/" + str(k["tensors"]).removeprefix("sha256:") for k in kept if k.get("tensors")}
-    left_out = set(_member_names(full)) - set(_member_names(lean))
-    # Only version tensors are left out (one no artifact also holds: the SFT adapter's may be the same bytes).
-    assert left_out and left_out <= tensors and set(_member_names(lean)) < set(_member_names(full))
+    kept.sort(key=lambda k: int(k["first_step"]))
+    carried = kept[:1] + kept[-1:] if which == "ends" else []
+    assert len(kept) > len(carried)
+    left = sorted({k["policy_version"] for k in kept if k not in carried})
+    tensors = {"objects/" + str(k["tensors"]).removeprefix("sha256:") for k in kept}
+    manifest = _manifest(lean)
+    assert manifest["versions"] == which and manifest["left_out"] == left == out["versions_left_out"]
+    names, whole = _holds(lean), _holds(full)
+    derived = {d["path"] for d in manifest["derived"]}
+    # What the bundle holds (as members, or derived from them): all but the versions left out.
+    assert names < whole and whole - names <= tensors and not derived & set(_member_names(lean))
+    assert {"objects/" + str(k["tensors"]).removeprefix("sha256:") for k in carried} <= names
+    if which == "ends":  # the warm start's adapter file, and the final adapter's, from the two ends
+        assert f"runs/{run_id}/sft-adapter/adapter_model.safetensors" in derived and len(derived) == 2
     assert lean.stat().st_size < full.stat().st_size
-    with tarfile.open(lean) as tar:
-        manifest = json.loads(tar.extractfile("manifest.json").read())  # type: ignore[union-attr]
-    assert manifest["versions"] is False
+
+    verified = cli_json(capsys, "runs", "verify", str(lean), codes=(0, 1))
+    (replay,) = [a for a in verified["audit"]["answers"] if a["number"] == 9]  # type: ignore[index]
+    # (Untracked files in a developer's checkout are the checkout's, not the bundle's.)
+    assert [m for m in replay["missing"] if "untracked code not in the record" not in m] == [], replay
+    assert any(f"{len(left)} of {len(kept)} policy versions left out of bundle" in n for n in replay["notes"])
+    replayed = [n for n in replay["evidence"] if n.startswith("replayed ")]
+    assert bool(replayed) == (which == "ends"), replay  # ends: the drawn rollouts of both ends replay
+
     home = ["--home", str(tmp_path / "home")]
     assert main([*home, "runs", "import", str(lean)]) == 0
+    here = tmp_path / "home" / "runs" / run_id
+    for path in sorted((origin / "runs" / run_id).rglob("*")):  # derived files written back exactly
+        if path.is_file() and "checkpoints" not in path.parts:
+            assert (here / path.relative_to(origin / "runs" / run_id)).read_bytes() == path.read_bytes(), path
     result = cli_json(capsys, *home, "reproduce", run_id)
     assert result["matches"]
+
+
+def test_a_derived_member_that_does_not_match_is_refused(
+    exported: tuple[Path, str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    origin, run_id, _full = exported
+    out = cli_json(capsys, "--home", str(origin), "runs", "export", run_id, "-o", str(tmp_path))
+    wrong = "0" * 64
+
+    def edit(info: tarfile.TarInfo, data: bytes) -> bytes:
+        if info.name != "manifest.json":
+            return data
+        manifest = json.loads(data)
+        manifest["derived"][0]["sha256"] = wrong
+        canonical = json.dumps(manifest, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return (canonical + "\n").encode()
+
+    edited = tmp_path / "edited.tar"  # no id in the name: the manifest check alone must catch it
+    _rewrite(Path(str(out["path"])), edited, edit)
+    home = tmp_path / "home"
+    assert main(["--home", str(home), "runs", "import", str(edited)]) == 2
+    err = capsys.readouterr().err
+    assert "derived member" in err and "does not match its sha256" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (home / "runs" / run_id).exists()

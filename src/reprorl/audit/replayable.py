@@ -16,7 +16,7 @@ from reprorl.audit.facts import Finding, RunFacts, short
 from reprorl.errors import ReprorlError
 from reprorl.orchestrate.jobs.replay import Replayer
 from reprorl.orchestrate.jobs.replay_policy import TRAINED_KINDS
-from reprorl.orchestrate.run.kept_versions import FULL_WHY, GoneError, kept_tensors
+from reprorl.orchestrate.run.kept_versions import GoneError, kept_tensors
 from reprorl.store.runs import VERSIONS_FILE
 
 Row = dict[str, Any]
@@ -51,13 +51,13 @@ def versions_load(f: RunFacts, rows: list[Row], out: Finding) -> None:
     """Every trained version the rollouts name is kept, loads, and hashes to its name."""
     versions = sorted({str(r["policy_version"]) for r in rows if r.get("adapter_version") is None})
     trained = [v for v in versions if v.partition(":")[0] in TRAINED_KINDS]
-    broken, unkept = 0, []
+    broken, unkept = 0, defaultdict(list)
     for version in trained:
         try:
             kept_tensors(f.record, version)
         except GoneError as exc:
-            if exc.by_design:
-                unkept.append(version)
+            if exc.why is not None:
+                unkept[exc.why].append(version)
                 continue
             broken += 1
             if broken <= 3:
@@ -66,13 +66,10 @@ def versions_load(f: RunFacts, rows: list[Row], out: Finding) -> None:
             broken += 1
             if broken <= 3:
                 out.fail(f"policy version {short(version.partition(':')[2])} cannot be opened: {exc}")
-    if unkept:
-        out.note(
-            f"{len(unkept)} of {len(trained)} policy versions were never kept ({FULL_WHY}): "
-            "their rollouts cannot be replayed"
-        )
-    trained = [v for v in trained if v not in unkept]
-    f.unkept_versions = set(unkept)
+    for why, versions in sorted(unkept.items()):
+        out.note(f"{len(versions)} of {len(trained)} policy versions {why}: their rollouts are not replayed")
+    f.unkept_versions = {v for versions in unkept.values() for v in versions}
+    trained = [v for v in trained if v not in f.unkept_versions]
     if trained and not broken:
         out.ok(
             f"{VERSIONS_FILE}: all {len(trained)} policy versions the rollouts name load and match their hash"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,12 @@ from reprorl.cli.context import options
 from reprorl.cli.output import console, print_json
 from reprorl.errors import UserInputError
 from reprorl.store import find_run
+
+
+class Versions(enum.StrEnum):
+    all = "all"
+    ends = "ends"
+    none = "none"
 
 
 def export(
@@ -23,10 +30,11 @@ def export(
         False, "--with-models", help="Carry the base models' bytes too (else their hash and source)."
     ),
     checkpoints: bool = typer.Option(False, "--checkpoints", help="Carry the resumable checkpoints too."),
-    versions: bool = typer.Option(
-        True,
-        "--versions/--no-versions",
-        help="Carry every kept policy version's tensors (any rollout replays from the bundle).",
+    versions: Versions = typer.Option(
+        Versions.ends,
+        "--versions",
+        help="Which kept policy versions' tensors to carry: all (any rollout replays from the bundle), "
+        "ends (the starting and the final policy), none. A rerun makes the others again.",
     ),
     sign: Path | None = typer.Option(None, "--sign", help="Sign with this ed25519 key (`runs keygen`)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
@@ -43,7 +51,7 @@ def export(
         out,
         with_models=with_models,
         checkpoints=checkpoints,
-        policy_versions=versions,
+        policy_versions=versions.value,
         model_package=package_of,
         sign_with=sign,
     )
@@ -56,11 +64,19 @@ def export(
         "models": [m.model_dump(mode="json") for m in done.models],
         "notes": list(done.notes),
         "signer": done.signer,
+        "versions": versions.value,
+        "versions_left_out": list(done.left_out),
+        "derived": done.derived,
     }
     if as_json:
         print_json(value)
         return
     console.print(f"{record.run_id} → {done.path}: {done.members} members, {done.size / 1e6:.1f} MB")
+    if done.left_out:
+        console.print(
+            f"--versions {versions.value}: {len(done.left_out)} kept policy versions left out "
+            "(`--versions all` carries every one, so any rollout replays from the bundle)"
+        )
     console.print(f"bundle {done.bundle_id}" + (f", signed by {done.signer}" if done.signer else ""))
     for model in done.models:
         where = "included" if model.included else "by hash only"
@@ -136,10 +152,11 @@ def verify(
             f"bundle {done.bundle_id}, run {done.manifest.run_id}"
         )
         console.print(f"signed by {done.signer}" if done.signer else "not signed")
-        if not done.manifest.versions:
+        if done.manifest.left_out:
             console.print(
-                "[yellow]note:[/] exported with --no-versions: rollouts cannot be replayed from the bundle "
-                "(question 9); `reprorl reproduce --bundle` trains the versions again"
+                f"[yellow]note:[/] exported with --versions {done.manifest.versions}: "
+                f"{len(done.manifest.left_out)} policy versions are not in the bundle, so question 9 "
+                "replays only rollouts of the others; `reprorl reproduce --bundle` trains them again"
             )
         for answer in done.audit.answers:
             console.print(f"  {answer.status} {answer.number}. {answer.question}")

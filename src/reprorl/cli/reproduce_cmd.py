@@ -70,6 +70,10 @@ def _reproduce(store: Store, run_id: str, as_json: bool) -> int:
     return 0 if result.matches else 1
 
 
+# The rebuilt checkout's own CLI (`python -m reprorl.cli.main` runs nothing: it has no main guard).
+RERUN = "import sys; from reprorl.cli.main import main; sys.exit(main(sys.argv[1:]))"
+
+
 def _from_bundle(ctx: typer.Context, store: Store, bundle: Path, scratch: Path, as_json: bool) -> int:
     """Import, check the lock, rebuild the code; then reproduce here or from the rebuilt code."""
     from reprorl.portable.models import find_model
@@ -81,7 +85,8 @@ def _from_bundle(ctx: typer.Context, store: Store, bundle: Path, scratch: Path, 
     if ready.python[0] != ready.python[1]:
         say(f"[yellow]warning:[/] Python {ready.python[0]} then, {ready.python[1]} here")
     if ready.package_diff:
-        say(f"[yellow]warning:[/] {len(ready.package_diff) // 2 or 1} package(s) differ from the run's lock:")
+        differ = len({line[2:].partition("==")[0] for line in ready.package_diff})
+        say(f"[yellow]warning:[/] {differ} package(s) differ from the run's lock:")
         for line in ready.package_diff:
             say(f"  {line}")
     else:
@@ -98,7 +103,7 @@ def _from_bundle(ctx: typer.Context, store: Store, bundle: Path, scratch: Path, 
     say(f"code: rebuilt at {ready.worktree}")
     try:
         env = {**os.environ, "PYTHONPATH": str(ready.worktree / "src")}
-        argv = [sys.executable, "-m", "reprorl.cli.main", *_store_args(ctx), "reproduce", ready.run_id]
+        argv = [sys.executable, "-c", RERUN, *_store_args(ctx), "reproduce", ready.run_id]
         done = subprocess.run(
             [*argv, *(["--json"] if as_json else [])], cwd=ready.worktree, env=env, check=False
         )

@@ -17,22 +17,25 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 from reprorl.errors import IntegrityError, UserInputError
-from reprorl.hashing import HASH_PREFIX, canonical_json
+from reprorl.hashing import HASH_PREFIX, canonical_json, sha256_hex
+from reprorl.portable.derive import DERIVE_MAX_BYTES, TRANSFORMS
 from reprorl.portable.manifest import (
     ID_IN_NAME,
     MANIFEST,
     REGISTRY,
     SIGNATURE,
+    Derived,
     HashingReader,
     Manifest,
     Member,
     ModelSource,
+    VersionsCarried,
     safe_member_path,
 )
 from reprorl.portable.signing import load_key, sign, signer_id
 from reprorl.store import ArtifactVersion, RunRecord, Store, read_log
 from reprorl.store.atomic import fsync_dir
-from reprorl.store.blobs import tree_hash
+from reprorl.store.blobs import file_hash, tree_hash
 from reprorl.store.runs import VERSIONS_FILE
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -50,6 +53,8 @@ class Exported:
     models: tuple[ModelSource, ...]
     notes: tuple[str, ...]
     signer: str | None
+    left_out: tuple[str, ...]  # kept policy versions whose tensors the bundle does not carry
+    derived: int  # files written on reading from a member they re-encode (carried once)
 
 
 def export_bundle(
@@ -59,7 +64,7 @@ def export_bundle(
     *,
     with_models: bool = False,
     checkpoints: bool = False,
-    policy_versions: bool = True,
+    policy_versions: VersionsCarried = "ends",
     model_package: ModelPackage = lambda _hash: None,
     sign_with: Path | None = None,
 ) -> Exported:
@@ -72,20 +77,29 @@ def export_bundle(
     versions = _artifacts(store, run_id, info)
     models = [_model(v, with_models, model_package) for v in versions if v.kind == "model"]
     shipped = {v.hash for v in versions if v.kind != "model" or with_models}
-    kept = _kept_versions(record)  # the tensors every rollout's policy version names, for replay
-    if not policy_versions:
-        kept = set()
+    kept, left_out = _kept_versions(record, policy_versions)  # tensors of versions, for replay
+    derivable = _derivable(store, kept)
     rebuilt = _stored_folders(record.path, shipped)
     notes: list[str] = []
     members: list[Member] = []
+    derived: list[Derived] = []
     folder.mkdir(parents=True, exist_ok=True)
     staging = folder / f".tmp-{run_id}-{os.getpid()}.tar"
     try:
         with staging.open("wb") as raw, tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
             for rel, path in _run_files(record.path, checkpoints, set(rebuilt)):
-                members.append(_add_file(tar, f"runs/{run_id}/{rel}", path))
+                name = f"runs/{run_id}/{rel}"
+                if path.stat().st_size in {size for _, size, _ in derivable.values()}:
+                    digest = file_hash(path).removeprefix(HASH_PREFIX)
+                    if digest in derivable:
+                        derived.append(_derived(name, digest, derivable[digest]))
+                        continue
+                members.append(_add_file(tar, name, path))
             for address in sorted(_objects(store, shipped) | kept):
                 digest = address.removeprefix(HASH_PREFIX)
+                if digest in derivable and address not in kept:
+                    derived.append(_derived(f"objects/{digest}", digest, derivable[digest]))
+                    continue
                 member = _add_file(tar, f"objects/{digest}", store.blobs.path_of(address, verify=False))
                 if member.sha256 != digest:
                     raise IntegrityError(
@@ -105,6 +119,8 @@ def export_bundle(
                 created_at=datetime.datetime.now(datetime.UTC).isoformat(),
                 checkpoints=checkpoints,
                 versions=policy_versions,
+                left_out=left_out,
+                derived=derived,
                 rebuilt=rebuilt,
                 notes=notes,
                 models=models,
@@ -130,6 +146,8 @@ def export_bundle(
         tuple(models),
         tuple(notes),
         signer_id(key.public_key()) if key is not None else None,
+        tuple(left_out),
+        len(derived),
     )
 
 
@@ -144,9 +162,40 @@ def _artifacts(store: Store, run_id: str, info: dict[str, Any]) -> list[Artifact
     return [v for v in everything if v.hash in wanted | made]
 
 
-def _kept_versions(record: RunRecord) -> set[str]:
-    lines = read_log(record.path / VERSIONS_FILE).records
-    return {str(line["tensors"]) for line in lines if isinstance(line.get("tensors"), str)}
+def _kept_versions(record: RunRecord, which: VersionsCarried) -> tuple[set[str], list[str]]:
+    """The tensors of the kept policy versions `which` carries (`ends`: the versions first sampled
+    at the run's first and last step), and the versions it leaves out."""
+    lines = [x for x in read_log(record.path / VERSIONS_FILE).records if isinstance(x.get("tensors"), str)]
+    lines.sort(key=lambda x: int(x.get("first_step", 0)))
+    chosen = {"all": lines, "ends": lines[:1] + lines[-1:], "none": []}[which]
+    carried = {str(x["tensors"]) for x in chosen}
+    left_out = sorted({str(x["policy_version"]) for x in lines if str(x["tensors"]) not in carried})
+    return carried, left_out
+
+
+# sha256 hex of a derivable file -> (the member it derives from, its size, the transform)
+Derivable = dict[str, tuple[str, int, str]]
+
+
+def _derivable(store: Store, sources: set[str]) -> Derivable:
+    """What each registered transform makes of each carried version's tensors."""
+    found: Derivable = {}
+    for address in sorted(sources):
+        path = store.blobs.path_of(address, verify=False)
+        if path.stat().st_size > DERIVE_MAX_BYTES:
+            continue
+        data = path.read_bytes()
+        for name, fn in sorted(TRANSFORMS.items()):
+            made = fn(data)
+            if made is not None:
+                source = f"objects/{address.removeprefix(HASH_PREFIX)}"
+                found.setdefault(sha256_hex(made), (source, len(made), name))
+    return found
+
+
+def _derived(name: str, digest: str, how: tuple[str, int, str]) -> Derived:
+    source, size, transform = how
+    return Derived(path=name, sha256=digest, size=size, source=source, transform=transform)
 
 
 def _stored_folders(folder: Path, shipped: set[str]) -> dict[str, str]:

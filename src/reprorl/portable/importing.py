@@ -26,8 +26,8 @@ from reprorl.portable.manifest import Manifest, ModelSource
 from reprorl.portable.reading import BundleError, Opened, read_bundle
 from reprorl.store import ArtifactVersion, RunEntry, Store
 from reprorl.store.atomic import fsync_dir, write_atomic
+from reprorl.store.runs import IMPORT_FILE
 
-IMPORT_FILE = "import.json"
 # The local file holding a model's exact bytes (from the package that ships them), or None.
 ModelFinder = Callable[[ModelSource], Path | None]
 
@@ -87,10 +87,11 @@ def _register(
             )
         local_models[model.hash] = found
 
-    for member in manifest.members:
-        if member.path.startswith("objects/"):
-            address = store.blobs.put_file(scratch / member.path)
-            assert address == HASH_PREFIX + member.sha256  # read_bundle checked these very bytes
+    held = [(m.path, m.sha256) for m in manifest.members] + [(d.path, d.sha256) for d in manifest.derived]
+    for name, sha256 in held:
+        if name.startswith("objects/"):
+            address = store.blobs.put_file(scratch / name)
+            assert address == HASH_PREFIX + sha256  # read_bundle checked these very bytes
     from_packages: list[str] = []
     for model in manifest.models:
         if model.hash in local_models:
@@ -114,6 +115,8 @@ def _register(
                     "file": opened.path.name,
                     "imported_at": datetime.datetime.now(datetime.UTC).isoformat(),
                     "renumbered": renumbered,
+                    "versions": manifest.versions,
+                    "versions_left_out": manifest.left_out,
                 },
                 indent=1,
                 sort_keys=True,

@@ -30,6 +30,7 @@ MANIFEST = "manifest.json"
 REGISTRY = "registry.json"
 SIGNATURE = "manifest.sig"
 CHUNK = 1 << 20
+VersionsCarried = Literal["all", "ends", "none"]
 # A bundle named by export carries this many hex digits of its id in its file name
 # (`<run id>-<hex>.tar`), so an edit to its manifest shows even unsigned.
 ID_IN_NAME = 12
@@ -48,6 +49,18 @@ class Member(BaseModel):
     path: str = Field(description="Where the file lies in the tar.")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="Hex sha256 of its bytes.")
     size: int = Field(ge=0, description="Its length in bytes.")
+
+
+class Derived(BaseModel):
+    """A file the bundle holds as a transform of another member (see `portable.derive`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str = Field(description="Where the file goes, as if it were a member.")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="Hex sha256 of its bytes.")
+    size: int = Field(ge=0, description="Its length in bytes.")
+    source: str = Field(description="The member it is derived from.")
+    transform: str = Field(description="The registered transform that derives it.")
 
 
 class ModelSource(BaseModel):
@@ -74,10 +87,19 @@ class Manifest(BaseModel):
     spec_hash: str = Field(description="Its spec hash.")
     created_at: str = Field(description="When the bundle was written (UTC, ISO 8601).")
     checkpoints: bool = Field(description="Whether the run's resumable checkpoints are included.")
-    versions: bool = Field(
-        default=True,
-        description="Whether the tensors of every kept policy version are included (for replaying any "
-        "rollout); without them a rerun makes them again, bit for bit on the CPU.",
+    versions: VersionsCarried = Field(
+        default="ends",
+        description="Which kept policy versions' tensors are included: `all` (any rollout replays from "
+        "the bundle), `ends` (the first and the last: the starting and the final policy), `none`. A "
+        "rerun on the CPU makes the others again, bit for bit.",
+    )
+    left_out: list[str] = Field(
+        default_factory=list,
+        description="The policy versions the run kept whose tensors this bundle does not carry.",
+    )
+    derived: list[Derived] = Field(
+        default_factory=list,
+        description="Members not in the tar, written on reading from another member they re-encode.",
     )
     rebuilt: dict[str, str] = Field(
         default_factory=dict,

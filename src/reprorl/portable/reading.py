@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import tarfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from pydantic import ValidationError
 
 from reprorl.errors import StoreError
 from reprorl.hashing import HASH_PREFIX, sha256_hex
+from reprorl.portable.derive import DERIVE_MAX_BYTES, TRANSFORMS
 from reprorl.portable.manifest import (
     MANIFEST,
     REGISTRY,
@@ -115,6 +117,7 @@ def read_bundle(path: Path, into: Path | None = None) -> Opened:
             f"{path}: {MANIFEST} was edited: the bundle id is no longer the {named} its file name carries"
         )
     _check_members(path, manifest, seen)
+    _derive(path, manifest, into)
     registry = _parse_json(path, REGISTRY, small.get(REGISTRY))
     _check_records(path, manifest, small, registry)
     signer = None
@@ -202,7 +205,11 @@ def _check_records(path: Path, manifest: Manifest, small: dict[str, bytes], regi
         data = small.get(folder + name)
         if data is None or sha256_hex(data) != expected:
             raise BundleError(f"{path}: record {folder + name} does not match the run's checksums.json")
-    shipped = {m.path.removeprefix("objects/") for m in manifest.members if m.path.startswith("objects/")}
+    shipped = {
+        p.removeprefix("objects/")
+        for p in [*(m.path for m in manifest.members), *(d.path for d in manifest.derived)]
+        if p.startswith("objects/")
+    }
     for model in manifest.models:
         there = model.hash.removeprefix(HASH_PREFIX) in shipped
         if model.included != there:
@@ -218,3 +225,49 @@ def _check_records(path: Path, manifest: Manifest, small: dict[str, bytes], regi
         if row.get("included") and str(row.get("hash", "")).removeprefix(HASH_PREFIX) not in shipped:
             what = f"{row.get('name')}@v{row.get('version')}"
             raise BundleError(f"{path}: {REGISTRY} lists {what} as included; its object is not there")
+
+
+def _derive(path: Path, manifest: Manifest, into: Path | None) -> None:
+    """Make each derived member from its (already checked) source and check it against its sha256;
+    with `into`, write it there. Without `into`, the sources are read again in a second pass."""
+    if not manifest.derived:
+        return
+    listed = {m.path: m for m in manifest.members}
+    for derived in manifest.derived:
+        name = derived.path
+        if name in listed or not safe_member_path(name):
+            raise BundleError(f"{path}: derived member {name!r} is also a member, or leaves the bundle")
+        origin = listed.get(derived.source)
+        if origin is None or origin.size > DERIVE_MAX_BYTES:
+            raise BundleError(f"{path}: derived member {name!r} comes from {derived.source!r}, not a member")
+        if derived.transform not in TRANSFORMS:
+            raise BundleError(
+                f"{path}: derived member {name!r} names an unknown transform {derived.transform!r}"
+            )
+    for source, data in _sources(path, {d.source for d in manifest.derived}, into):
+        if sha256_hex(data) != listed[source].sha256:
+            raise BundleError(f"{path}: member {source!r} changed while it was read")
+        for derived in (d for d in manifest.derived if d.source == source):
+            made = TRANSFORMS[derived.transform](data)
+            if made is None or (sha256_hex(made), len(made)) != (derived.sha256, derived.size):
+                raise BundleError(
+                    f"{path}: derived member {derived.path!r} (from {source!r}) does not match its "
+                    f"sha256 in {MANIFEST}"
+                )
+            if into is not None:
+                _write(path, into, derived.path, [made])
+
+
+def _sources(path: Path, wanted: set[str], into: Path | None) -> Iterator[tuple[str, bytes]]:
+    """Each wanted member's bytes, one at a time: from the extraction folder, or a second stream."""
+    if into is not None:
+        for name in sorted(wanted):
+            yield name, (into / name).read_bytes()
+        return
+    with tarfile.open(path, mode="r|") as tar:
+        for info in tar:
+            if info.name in wanted:
+                handle = tar.extractfile(info)
+                assert handle is not None  # checked a regular file in the first pass
+                yield info.name, handle.read()
+            tar.members = []  # type: ignore[attr-defined]

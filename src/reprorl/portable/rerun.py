@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from reprorl.errors import UserInputError
-from reprorl.portable.importing import IMPORT_FILE, ModelFinder, import_bundle
+from reprorl.portable.importing import ModelFinder, import_bundle
 from reprorl.portable.reading import Opened, read_bundle
 from reprorl.store import Store
 from reprorl.store.environment import capture_environment, git_state
+from reprorl.store.runs import IMPORT_FILE
 
 GIT_TIMEOUT_S = 120.0
 PACKAGE_DIR = Path(__file__).resolve().parents[1]

@@ -35,6 +35,7 @@ IMMUTABLE_FILES = ("spec.json", "run.json")
 # The kept policy versions' index (orchestrate/run/kept_versions.py writes it): each line names the
 # store object holding one version's tensors.
 VERSIONS_FILE = "versions.jsonl"
+IMPORT_FILE = "import.json"  # in a run folder imported from a bundle: which bundle, what it left out
 
 
 _last_id_time = datetime.min.replace(tzinfo=UTC)

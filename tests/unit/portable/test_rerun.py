@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import io
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
+from reprorl.cli.reproduce_cmd import RERUN
 from reprorl.portable import rerun
 from reprorl.portable.manifest import Manifest, Member
 from reprorl.portable.reading import Opened
@@ -74,3 +76,16 @@ def test_the_recorded_code_state_is_rebuilt_in_a_worktree(
     unknown = {"commit": "f" * 40, "dirty": False}
     code, worktree, notes = rerun._code_state(opened, {"cwd": unknown}, tmp_path / "scratch2")
     assert (code, worktree) == ("unavailable", None) and "is not in" in notes[0]
+
+
+def test_the_rebuilt_checkouts_cli_is_run_by_a_command_that_runs_it() -> None:
+    """The rerun from a rebuilt worktree starts the CLI with `-c RERUN` (a `-m` of the CLI module
+    runs nothing and exits 0): it must reach the `reproduce` command and its options."""
+    done = subprocess.run(
+        [sys.executable, "-c", RERUN, "reproduce", "--help"], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0 and "--bundle" in done.stdout, done.stderr
+    bad = subprocess.run(
+        [sys.executable, "-c", RERUN, "reproduce"], capture_output=True, text=True, check=False
+    )
+    assert bad.returncode == 2 and "give the RUN" in bad.stderr

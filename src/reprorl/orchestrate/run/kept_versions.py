@@ -10,6 +10,7 @@ holds (`checkpoints/step-N/`, as many as `learning.keep_checkpoints` keeps) load
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -18,11 +19,12 @@ from safetensors.torch import load_file
 from safetensors.torch import save as save_tensors
 
 from reprorl.errors import ArtifactNotFoundError, IntegrityError, RecordError
+from reprorl.hashing import HASH_PREFIX
 from reprorl.orchestrate.run.checkpoint import STEP_PREFIX, checkpoints_root, verify_checkpoint
 from reprorl.policy import tensors_hash
 from reprorl.store import RunRecord, read_log
 from reprorl.store.atomic import append_durable
-from reprorl.store.runs import VERSIONS_FILE, checksummed_line
+from reprorl.store.runs import IMPORT_FILE, VERSIONS_FILE, checksummed_line
 from reprorl.trainer.local import STATE_WEIGHTS
 
 KINDS_KEPT = ("adapter",)
@@ -34,11 +36,16 @@ FULL_WHY = "full fine-tuning keeps every weight only in its checkpoints"
 class GoneError(RecordError):
     """A version's tensors are not in this store (never kept, or their blob was removed).
 
-    `by_design`: the run never meant to keep them (full fine-tuning, no checkpoint of the version)."""
+    `why` is set when that is by design, not damage: the run never meant to keep them (full
+    fine-tuning, no checkpoint of the version), or the bundle it was imported from left them out."""
 
-    def __init__(self, message: str, *, by_design: bool = False) -> None:
+    def __init__(self, message: str, *, why: str | None = None) -> None:
         super().__init__(message)
-        self.by_design = by_design
+        self.why = why
+
+    @property
+    def by_design(self) -> bool:
+        return self.why is not None
 
 
 def kept_lines(record: RunRecord) -> dict[str, dict[str, object]]:
@@ -84,7 +91,10 @@ def kept_tensors(record: RunRecord, version: str) -> dict[str, torch.Tensor]:
         try:
             data = record.store.blobs.get_bytes(address, label=version)
         except ArtifactNotFoundError as exc:
-            raise GoneError(f"the weights of {version} ({address}) are no longer in this store") from exc
+            why = _left_out_by_bundle(record, version)
+            raise GoneError(
+                f"the weights of {version} ({address}) are {why or 'no longer in this store'}", why=why
+            ) from exc
         tensors = load_tensors(data)
     else:
         tensors = _checkpointed(record, version, str(line.get("why", "none stored")))
@@ -114,5 +124,20 @@ def _checkpointed(record: RunRecord, version: str, why: str) -> dict[str, torch.
     kept = ", ".join(f.name for f in folders) or "none"
     raise GoneError(
         f"run {record.run_id} kept no weights for {version}: {why}, and none holds it (kept: {kept})",
-        by_design=True,
+        why=f"were never kept ({why})",
+    )
+
+
+def _left_out_by_bundle(record: RunRecord, version: str) -> str | None:
+    """Why `version`'s tensors are missing when the bundle this run was imported from left them out."""
+    try:
+        imported = json.loads((record.path / IMPORT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(imported, dict) or version not in imported.get("versions_left_out", []):
+        return None
+    bundle = str(imported.get("bundle", "?")).removeprefix(HASH_PREFIX)[:12]
+    return (
+        f"left out of bundle {bundle} (exported with --versions {imported.get('versions')}; "
+        "`reprorl reproduce --bundle` trains them again)"
     )

@@ -15,7 +15,10 @@ Record keeping is the write time per batch over the generation time per batch (t
 
     python bench/records.py [--rollouts 10000] [--batch 32] [--turns 8] [--tokens 256] [--measure-model]
 
-At scale (peak RSS printed): python bench/records.py --rollouts 1000000 --batch 10000 --turns 2 --tokens 16
+At scale (peak RSS printed): python bench/records.py --rollouts 1000000 --turns 2 --tokens 16
+
+Then the run is marked ended and compacted (`reprorl runs compact`), and every query is timed again:
+the table prints each before (one part per batch) and after.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Any
 
 from reprorl.hashing import content_hash
 from reprorl.store import RunRecord, Store
+from reprorl.store.compaction import compact
 from reprorl.store.rollout_query import RolloutStore
 from reprorl.store.rollouts import RolloutWriter
 from reprorl.types import (
@@ -204,26 +208,12 @@ def main() -> None:
             step += 1
         record_json = len(batch[-1].model_dump_json())
 
-        rollouts = RolloutStore(record)
-        sample_id = sample.rollout_id
-        assert rollouts.get(sample_id).model_dump_json() == sample.model_dump_json()
-        cold_start = time.perf_counter()
-        total = RolloutStore(record).count()
-        cold_s = time.perf_counter() - cold_start
-        assert total == args.rollouts
-        rollouts.parts()  # verified once; later queries re-hash nothing unchanged
-        queries: list[tuple[str, Callable[[], Any]]] = [
-            ("count()", rollouts.count),
-            ("termination='tool_timeout'", lambda: rollouts.query("termination='tool_timeout'")),
-            (
-                "failed, any tool timed out",
-                lambda: rollouts.query("reward_total = 0 AND list_contains(tool_outcomes, 'tool_timeout')"),
-            ),
-            ("step = 100 (one partition)", lambda: rollouts.query("step = 100")),
-            ("all summary columns, limit 50", lambda: rollouts.query(limit=50)),
-            ("get(rollout_id) -> Trajectory", lambda: rollouts.get(sample_id)),
-        ]
-        latencies = [(name, timed(fn)) for name, fn in queries]
+        before = measure_queries(record, sample)
+        record.set_status("succeeded")
+        start = time.perf_counter()
+        compaction = compact(record)
+        compact_s = time.perf_counter() - start
+        after = measure_queries(record, sample)
         store.close()
 
     per_rollout_write = write_s / args.rollouts
@@ -245,14 +235,41 @@ def main() -> None:
             f"{per_rollout_write * 1000:.2f} ms / {rollout_s:.1f} s per rollout = "
             f"{per_rollout_write / rollout_s:.4%} (target <= 3%)"
         )
-    print(f"query latency over {args.rollouts:,} rollouts in {step} part files (median of 5):")
-    print(f"  {'first query, verifying every file':<36} {cold_s * 1000:>8.1f} ms")
-    for name, seconds in latencies:
-        print(f"  {name:<36} {seconds * 1000:>8.1f} ms")
-    # Writing holds one batch; queries stream from DuckDB: what the store keeps in memory is bounded
-    # by the batch and the query's result, not by the run's size.
+    print(
+        f"compaction: {compaction.parts_before:,} part files ({compaction.bytes_before / 1e6:,.1f} MB) -> "
+        f"{compaction.parts_after:,} ({compaction.bytes_after / 1e6:,.1f} MB) in {compact_s:.1f} s "
+        f"({compaction.bytes_before / 1e6 / compact_s:,.0f} MB/s)"
+    )
+    print(f"query latency over {args.rollouts:,} rollouts (median of 5), ms:")
+    print(f"  {'':<36} {f'{compaction.parts_before:,} parts':>12} {f'{compaction.parts_after:,} parts':>12}")
+    for (name, was), (_, now) in zip(before, after, strict=True):
+        print(f"  {name:<36} {was * 1000:>12.1f} {now * 1000:>12.1f}")
+    # Writing holds one batch; queries stream from DuckDB and compaction one part at a time: what the
+    # store keeps in memory is bounded by a part and the query's result, not by the run's size.
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"rollouts counted back {total:,} of {args.rollouts:,} written; peak RSS {peak:,.0f} MiB")
+    print(f"rollouts counted back {compaction.rows:,} of {args.rollouts:,} written; peak RSS {peak:,.0f} MiB")
+
+
+def measure_queries(record: RunRecord, sample: Trajectory) -> list[tuple[str, float]]:
+    """The first query in a fresh reader (it verifies every file), then each query's median of 5."""
+    cold_start = time.perf_counter()
+    total = RolloutStore(record).count()
+    cold_s = time.perf_counter() - cold_start
+    rollouts = RolloutStore(record)
+    assert rollouts.get(sample.rollout_id).model_dump_json() == sample.model_dump_json()
+    queries: list[tuple[str, Callable[[], Any]]] = [
+        ("count()", rollouts.count),
+        ("termination='tool_timeout'", lambda: rollouts.query("termination='tool_timeout'")),
+        (
+            "failed, any tool timed out",
+            lambda: rollouts.query("reward_total = 0 AND list_contains(tool_outcomes, 'tool_timeout')"),
+        ),
+        ("step = 100 (one step)", lambda: rollouts.query("step = 100")),
+        ("all summary columns, limit 50", lambda: rollouts.query(limit=50)),
+        ("get(rollout_id) -> Trajectory", lambda: rollouts.get(sample.rollout_id)),
+    ]
+    assert total > 0
+    return [("first query, verifying every file", cold_s), *((name, timed(fn)) for name, fn in queries)]
 
 
 if __name__ == "__main__":

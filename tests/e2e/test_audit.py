@@ -189,6 +189,26 @@ def test_the_cli_prints_the_table_and_exits_0_or_1(home: Path, capsys: pytest.Ca
     )
 
 
+def test_a_compacted_run_answers_every_question_as_before(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = audit(home)
+    rows_before = RolloutStore(RunRecord(Store(home), run_dir(home).name)).query().to_pylist()
+    cli = Cli(home, capsys)
+    done = cli.ok_json("runs", "compact", run_dir(home).name)
+    assert done["parts_before"] > done["parts_after"] == 1 and done["merged"] == 1
+    assert not list((run_dir(home) / "rollouts").glob("step=*"))
+    after = audit(home)
+    assert after.passed, after.to_json()
+    # Every answer and its evidence are the same, but for the count of part files holding them.
+    parts_line = f"in {done['parts_before']} verified Parquet parts"
+    for old, new in zip(before.answers, after.answers, strict=True):
+        assert new.status == old.status
+        expected = [e.replace(parts_line, "in 1 verified Parquet parts") for e in old.evidence]
+        assert expected == list(new.evidence)
+    assert RolloutStore(RunRecord(Store(home), run_dir(home).name)).query().to_pylist() == rows_before
+
+
 # -- one record removed or altered: its answer fails -------------------------------------------
 
 

@@ -4,6 +4,7 @@ policy version it published, and replay opens exactly those, checked against the
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -164,3 +165,21 @@ def test_a_full_fine_tuning_run_replays_its_checkpointed_versions_and_names_the_
     error = cli.error("replay", gone, "--mode", "recorded")
     assert "full fine-tuning keeps every weight only in its checkpoints" in error, error
     assert "step-000002" in error, error  # and it names the checkpoints that are kept
+
+
+def test_a_compacted_run_replays_the_same(
+    trained: tuple[Path, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    original, run_id = trained
+    home = tmp_path / "home"
+    shutil.copytree(original, home)
+    cli = Cli(home, capsys)
+    picked = [*_ids(home, run_id, "step = 0 AND split = 'train'")[:1], *_ids(home, run_id, "step = 19")[:1]]
+    before = cli.ok_json("replay", *picked, "--mode", "recorded")
+    done = cli.ok_json("runs", "compact", run_id)
+    assert done["parts_after"] < done["parts_before"]
+    after = cli.ok_json("replay", *picked, "--mode", "recorded")
+    assert [r["identical"] for r in after] == [True, True] and after == before
+    # A failed run is resumable, but not once compacted: a resume rewinds over per-step parts.
+    RunRecord(Store(home), run_id).set_status("failed")
+    assert "compacted: it cannot be resumed" in cli.error("run", "--resume", run_id)

@@ -1,4 +1,5 @@
-"""`reprorl runs rollouts`: query a run's rollout records with a SQL condition; a table or JSON."""
+"""`reprorl runs rollouts` and `runs compact`: query a run's rollout records with a SQL condition, and
+merge an ended run's parts."""
 
 from __future__ import annotations
 
@@ -97,3 +98,27 @@ def cell(value: Any) -> str:
     else:
         text = str(value)
     return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
+
+
+def compact(
+    ctx: typer.Context,
+    run: str = typer.Argument(..., help="Run id or a unique prefix of it (the run must have ended)."),
+    target_mb: float = typer.Option(
+        256.0, "--target-mb", min=0.001, help="Merge consecutive steps' parts into parts of about this size."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print what was done as JSON."),
+) -> None:
+    """Merge an ended run's per-batch rollout parts into a few large ones (queries get faster; the
+    records, checksums, replay and audit answer as before)."""
+    from reprorl.store.compaction import compact as compact_run
+
+    record = find_run(options(ctx).store(), run)
+    done = compact_run(record, target_bytes=max(1, int(target_mb * 2**20)))
+    if as_json:
+        print_json({"run_id": record.run_id, **done.__dict__})
+        return
+    console.print(
+        f"run {record.run_id}: {done.parts_before} parts ({done.bytes_before / 1e6:,.1f} MB) -> "
+        f"{done.parts_after} ({done.bytes_after / 1e6:,.1f} MB), {done.rows:,} rollouts kept"
+        + (f"; removed {done.leftovers} files an interrupted compaction left" if done.leftovers else "")
+    )

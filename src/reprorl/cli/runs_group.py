@@ -19,6 +19,7 @@ app = typer.Typer(help="Recorded runs: list, inspect, compare, audit and report 
 app.command("list")(runs_cmd.list_)
 app.command("show")(runs_cmd.show)
 app.command("rollouts")(rollouts_cmd.rollouts)
+app.command("compact")(rollouts_cmd.compact)
 app.command("diff")(diff_cmd.diff)
 app.command("compare")(compare_cmd.compare)
 app.command("audit")(audit_cmd.audit)

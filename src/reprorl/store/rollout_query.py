@@ -25,11 +25,13 @@ from pydantic import ValidationError
 from reprorl.errors import NotFoundError, RecordError, UserInputError
 from reprorl.store.rollouts import (
     COLUMNS,
+    COMPACTED_EVENT,
     DISCARDED_EVENT,
     SCHEMA,
     SUMMARY_COLUMNS,
     WRITTEN_EVENT,
     PartFile,
+    find_compacted,
     find_parts,
     run_location,
     verify_part,
@@ -72,32 +74,45 @@ class RolloutStore:
         """The run's part files, each verified; raises on a corrupt, foreign or missing part."""
         # The log is read before the folder is listed: a writer renames its part before it logs
         # it, so every part named in what was read is already visible to the listing.
-        logged = self._logged_parts()
-        found = find_parts(self.run_dir)
-        missing = logged - {path for path, _, _ in found}
+        logged, replaced = self.ledger()
+        found: list[tuple[Path, int, int | None, str]] = [
+            (p, step, None, d) for p, step, d in find_parts(self.run_dir) if p not in replaced
+        ]
+        # A compacted part counts once its compaction is logged: one left by a compaction killed
+        # before its log line would count its rows twice beside the parts it was to replace.
+        found += [(p, first, last, d) for p, first, last, d in find_compacted(self.run_dir) if p in logged]
+        missing = logged - {path for path, *_ in found}
         if missing:
             name = min(missing).relative_to(self.run_dir)
             raise RecordError(f"run {self.run_id}: rollout part {name} was written, now missing")
         parts = []
-        for path, step, digest in found:
+        for path, step, last_step, digest in found:
             stat = path.stat()
             key = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
             cached = self._verified.get(path)
             if cached is None or cached[0] != key:
-                cached = (key, verify_part(path, step, digest, self.run_id))
+                cached = (key, verify_part(path, step, digest, self.run_id, last_step))
                 self._verified[path] = cached
             parts.append(cached[1])
         return parts
 
-    def _logged_parts(self) -> set[Path]:
-        """Parts the run's event log says were written and not since discarded (none without a log)."""
+    def ledger(self) -> tuple[set[Path], set[Path]]:
+        """From the run's event log: the parts that hold its rollouts now, and the parts a compaction
+        replaced (still on disk only if it was killed before it removed them). Empty without a log."""
         logged: set[Path] = set()
+        replaced: set[Path] = set()
         for e in read_log(self.run_dir / "events.jsonl").records:
-            if e.get("event") == WRITTEN_EVENT and e.get("part"):
+            kind = e.get("event")
+            if kind == WRITTEN_EVENT and e.get("part"):
                 logged.add(self.run_dir / str(e["part"]))
-            elif e.get("event") == DISCARDED_EVENT:
+            elif kind == DISCARDED_EVENT:
                 logged.difference_update(self.run_dir / str(p) for p in e.get("parts", []))
-        return logged
+            elif kind == COMPACTED_EVENT:
+                merged = {self.run_dir / str(p) for p in e.get("replaces", [])}
+                logged -= merged
+                replaced |= merged
+                logged.add(self.run_dir / str(e["part"]))
+        return logged, replaced
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -175,9 +190,10 @@ class RolloutStore:
             if parts:
                 files = "[" + ", ".join(_literal(str(p.path)) for p in parts) + "]"
                 con.execute(f"SET allowed_paths = {files}")
+                # `step` is a column of every file; a folder name is not read as one (a compacted
+                # part's folder names a span of steps).
                 con.execute(
-                    f"CREATE VIEW {VIEW} AS SELECT * FROM read_parquet({files}, "
-                    "hive_partitioning = true, hive_types = {'step': BIGINT})"
+                    f"CREATE VIEW {VIEW} AS SELECT * FROM read_parquet({files}, hive_partitioning = false)"
                 )
             else:
                 # Declared in SQL, not scanned from an empty Arrow table: Arrow's scanner waits on a

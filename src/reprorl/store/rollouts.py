@@ -6,7 +6,8 @@ JSON in `record`, from which `Trajectory.model_validate_json` restores the exact
 name is the sha256 of its bytes, so the checksum appears in the same rename that makes the file
 visible; a killed writer leaves only a `.tmp-*` file that readers never open. The schema version is
 both a column and Parquet key-value metadata, checked on every read together with the checksum.
-Queries go through `reprorl.store.rollout_query.RolloutStore`.
+Queries go through `reprorl.store.rollout_query.RolloutStore`. An ended run's parts can be merged into
+a few large ones under `rollouts/steps=<first>-<last>/` (`reprorl.store.compaction`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ FORMAT = "reprorl.rollouts"
 ROLLOUTS_DIR = "rollouts"
 WRITTEN_EVENT = "rollouts_written"
 DISCARDED_EVENT = "rollouts_discarded"  # parts removed on purpose (a resume rewinds past them)
+COMPACTED_EVENT = "rollouts_compacted"  # parts merged into one; it names the part and those it replaces
 META_FORMAT, META_VERSION, META_RUN, META_STEP = (
     b"reprorl.format",
     b"reprorl.schema_version",
@@ -41,6 +43,7 @@ META_FORMAT, META_VERSION, META_RUN, META_STEP = (
 )
 PART_RE = re.compile(r"part-([0-9a-f]{64})\.parquet")
 STEP_RE = re.compile(r"step=(\d+)")
+RANGE_RE = re.compile(r"steps=(\d+)-(\d+)")  # a compacted part's folder: the steps its rows span
 _INT64_MAX = 2**63 - 1
 
 TOOL_CALL = pa.struct(
@@ -166,27 +169,34 @@ def trajectory_row(trajectory: Trajectory, step: int) -> dict[str, Any]:
     }
 
 
-def to_table(run_id: str, step: int, trajectories: Sequence[Trajectory]) -> pa.Table:
-    """One Arrow table for a batch, with the format, version, run and step in its metadata."""
-    rows = [trajectory_row(t, step) for t in trajectories]
+def part_schema(run_id: str, label: str) -> pa.Schema:
+    """The schema of a part, with the format, version, run and step label in its metadata."""
     metadata = {
         META_FORMAT: FORMAT.encode(),
         META_VERSION: str(ROLLOUT_SCHEMA_VERSION).encode(),
         META_RUN: run_id.encode(),
-        META_STEP: str(step).encode(),
+        META_STEP: label.encode(),
     }
-    return pa.Table.from_pylist(rows, schema=SCHEMA.with_metadata(metadata))
+    return SCHEMA.with_metadata(metadata)
+
+
+# How every part is encoded, whether written from a batch or merged by compaction.
+WRITE_OPTIONS: dict[str, Any] = {
+    "compression": "zstd",
+    "use_dictionary": _DICTIONARY_COLUMNS,
+    "write_statistics": _STATISTICS_COLUMNS,
+}
+
+
+def to_table(run_id: str, step: int, trajectories: Sequence[Trajectory]) -> pa.Table:
+    """One Arrow table for a batch, with the format, version, run and step in its metadata."""
+    rows = [trajectory_row(t, step) for t in trajectories]
+    return pa.Table.from_pylist(rows, schema=part_schema(run_id, step_label(step)))
 
 
 def parquet_bytes(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
-    pq.write_table(  # type: ignore[no-untyped-call]
-        table,
-        sink,
-        compression="zstd",
-        use_dictionary=_DICTIONARY_COLUMNS,
-        write_statistics=_STATISTICS_COLUMNS,
-    )
+    pq.write_table(table, sink, **WRITE_OPTIONS)  # type: ignore[no-untyped-call]
     return bytes(sink.getvalue())
 
 
@@ -195,10 +205,11 @@ class PartFile:
     """One verified Parquet part of a run's rollouts."""
 
     path: Path
-    step: int
+    step: int  # the first step its rows belong to
     sha256: str
     rows: int
     size: int
+    last_step: int | None = None  # a compacted part's last step; None for one step's part
 
 
 def run_location(run: RunRecord | Path) -> tuple[Path, str, RunRecord | None]:
@@ -266,23 +277,36 @@ class RolloutWriter:
 
 def find_parts(run_dir: Path) -> list[tuple[Path, int, str]]:
     """Every visible part file of a run as (path, step, sha256 in its name), in step order."""
+    return [(path, int(folder[1]), digest) for path, folder, digest in _listed(run_dir, STEP_RE)]
+
+
+def find_compacted(run_dir: Path) -> list[tuple[Path, int, int, str]]:
+    """Every visible compacted part of a run as (path, first step, last step, sha256 in its name)."""
+    return [(path, int(span[1]), int(span[2]), digest) for path, span, digest in _listed(run_dir, RANGE_RE)]
+
+
+def _listed(run_dir: Path, folder_re: re.Pattern[str]) -> list[tuple[Path, re.Match[str], str]]:
+    """Part files in the folders under `rollouts/` whose name `folder_re` matches, in name order."""
     root = run_dir / ROLLOUTS_DIR
-    found: list[tuple[Path, int, str]] = []
-    if not root.is_dir():
-        return found
-    for step_dir in sorted(root.iterdir()):
-        step_match = STEP_RE.fullmatch(step_dir.name)
-        if step_match is None or not step_dir.is_dir():
+    found: list[tuple[Path, re.Match[str], str]] = []
+    for folder in sorted(root.iterdir()) if root.is_dir() else []:
+        folder_match = folder_re.fullmatch(folder.name)
+        if folder_match is None or not folder.is_dir():
             continue
-        for path in sorted(step_dir.glob("part-*.parquet")):
+        for path in sorted(folder.glob("part-*.parquet")):
             name_match = PART_RE.fullmatch(path.name)
             if name_match is None:
                 raise RecordError(f"{path} is not a rollout part name (part-<sha256>.parquet)")
-            found.append((path, int(step_match.group(1)), name_match.group(1)))
+            found.append((path, folder_match, name_match.group(1)))
     return found
 
 
-def verify_part(path: Path, step: int, digest: str, run_id: str) -> PartFile:
+def step_label(step: int, last_step: int | None = None) -> str:
+    """The step a part's metadata names: `7`, or `0-312` for a compacted part."""
+    return str(step) if last_step is None else f"{step}-{last_step}"
+
+
+def verify_part(path: Path, step: int, digest: str, run_id: str, last_step: int | None = None) -> PartFile:
     """Re-hash a part file and check its metadata; raise naming the file if anything is off."""
     try:
         data = path.read_bytes()
@@ -306,9 +330,10 @@ def verify_part(path: Path, step: int, digest: str, run_id: str) -> PartFile:
     check_schema_version(kv.get(META_VERSION, b"").decode(errors="replace"), path)
     if kv.get(META_RUN, b"").decode(errors="replace") != run_id:
         raise RecordError(f"rollout part {path} belongs to run {kv.get(META_RUN, b'').decode()!r}")
-    if kv.get(META_STEP) != str(step).encode():
-        raise RecordError(f"rollout part {path} holds step {kv.get(META_STEP, b'').decode()}, not {step}")
-    return PartFile(path, step, digest, meta.num_rows, len(data))
+    label = step_label(step, last_step)
+    if kv.get(META_STEP) != label.encode():
+        raise RecordError(f"rollout part {path} holds step {kv.get(META_STEP, b'').decode()}, not {label}")
+    return PartFile(path, step, digest, meta.num_rows, len(data), last_step)
 
 
 def check_schema_version(text: str, path: Path) -> None:

@@ -31,6 +31,7 @@ from reprorl.rollout.episode import EpisodeLimits, Policy, Provenance, ScriptedP
 from reprorl.rollout.families import Family, families_named
 from reprorl.rollout.runner import PolicyFactory, RolloutJob, RolloutRunner, plan_groups
 from reprorl.store import RunRecord, Store
+from reprorl.store.compaction import check_resumable
 from reprorl.store.rollouts import DISCARDED_EVENT, RolloutWriter, find_parts
 from reprorl.types import Message, Role, SamplingParams, Task, TaskSet, Termination, Trajectory
 
@@ -347,6 +348,7 @@ async def screen(
     the same runner settings, so the records are the ones one process would write.
     """
     if resume is not None:
+        check_resumable(resume)
         spec = ScreenSpec.model_validate(resume.spec()["screen"])
     if spec is None:
         raise ValueError("give a screen spec, or a screen to resume")

@@ -32,6 +32,7 @@ from reprorl.orchestrate.run.preflight import check_family_weights, check_run_le
 from reprorl.orchestrate.run.setup import build_trainer
 from reprorl.orchestrate.run.signal_pool import register_signal_tasks
 from reprorl.store import RunRecord, Store
+from reprorl.store.compaction import check_resumable
 from reprorl.trainer import LocalTrainer
 from reprorl.trainer.device import device_info, make_deterministic
 
@@ -56,6 +57,8 @@ async def train_run(
     if isinstance(timing, RecordedTiming) and (ray is not None or resume is not None):
         raise ValueError("a recorded schedule is followed by a fresh run in this process (no Ray, no resume)")
     check_engine(spec, ray=ray)
+    if resume is not None:
+        check_resumable(resume)
     record = resume or created or prepare_run(store, spec)
     record.set_status("running")
     engine = None

@@ -5,6 +5,12 @@ C episodes run at once; each makes K tool calls that each take L seconds inside 
 the rate would be C / (K * L) episodes per second; the printed ratio says how close the env
 layer (sandbox per episode, IPC, verifier, records) comes to that bound.
 
+The machine has its own bound below that one, measured in the same run: a minimal baseline of the
+same work shape in a bare interpreter (asyncio, no reprorl): per episode, fork a child that sets
+its own session and resource limits, make K request/response round trips over a socket pair with
+the child sleeping L per request, and reap it (by pidfd, off the event loop's critical path). The
+ratio to it says how much of what the machine can do the env layer uses.
+
     python bench/envs.py [--episodes 256] [--concurrency 256] [--calls 4] [--latency-ms 10]
 """
 
@@ -12,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -89,6 +96,76 @@ async def _run(episodes: int, concurrency: int, calls: int, ms: int) -> tuple[fl
         return time.perf_counter() - start, sum(ok), failures
 
 
+BASELINE = r"""
+import asyncio, os, resource, socket, sys, time
+
+EPISODES, CONCURRENCY, CALLS = map(int, sys.argv[1:4])
+LATENCY_S = float(sys.argv[4])
+REQUEST = b'{"tool": "lookup", "arguments": {"ms": 10}, "id": "call-0"}'
+REPLY = b'{"ok": true, "value": "ok", "duration_s": 0.01}'
+
+
+def child(sock):
+    os.setsid()
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 26, 1 << 26))
+    while sock.recv(65536):
+        time.sleep(LATENCY_S)
+        sock.sendall(REPLY)
+    os._exit(0)
+
+
+async def episode(gate, loop):
+    async with gate:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            ours.close()
+            child(theirs)
+        theirs.close()
+        ours.setblocking(False)
+        for _ in range(CALLS):
+            await loop.sock_sendall(ours, REQUEST)
+            assert await loop.sock_recv(ours, 65536) == REPLY
+        ours.close()
+        fd = os.pidfd_open(pid)
+        ended = loop.create_future()
+        loop.add_reader(fd, ended.set_result, None)
+        await ended
+        loop.remove_reader(fd)
+        os.close(fd)
+        os.waitpid(pid, 0)
+
+
+async def main():
+    loop = asyncio.get_running_loop()
+    gate = asyncio.Semaphore(CONCURRENCY)
+    await episode(gate, loop)
+    start = time.perf_counter()
+    await asyncio.gather(*[episode(gate, loop) for _ in range(EPISODES)])
+    print(EPISODES / (time.perf_counter() - start))
+
+
+asyncio.run(main())
+"""
+
+
+def baseline_rate(episodes: int, concurrency: int, calls: int, ms: int) -> float:
+    """Episodes/s of the minimal baseline (module text), in a bare interpreter of its own."""
+    argv = [sys.executable, "-I", "-c", BASELINE, str(episodes), str(concurrency), str(calls), str(ms / 1000)]
+    done = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=600)
+    return float(done.stdout.split()[-1])
+
+
+def peak_rss_mib() -> float:
+    """This process's own high-water RSS (the pool's zygote and sandboxes are other processes)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=256)
@@ -100,6 +177,8 @@ def main() -> None:
     elapsed, ok, failures = asyncio.run(_run(args.episodes, args.concurrency, args.calls, args.latency_ms))
     rate = args.episodes / elapsed
     bound = args.concurrency / (args.calls * args.latency_ms / 1000)
+    peak = peak_rss_mib()
+    machine = baseline_rate(args.episodes, args.concurrency, args.calls, args.latency_ms)
     print(f"episodes            {args.episodes} ({ok} scored 1.0)")
     print(f"concurrency C       {args.concurrency}")
     print(f"tool calls/episode  {args.calls} x {args.latency_ms} ms")
@@ -108,6 +187,9 @@ def main() -> None:
     print(f"tool calls/s        {rate * args.calls:.1f}")
     print(f"bound C/(K*L)       {bound:.1f} episodes/s")
     print(f"ratio               {rate / bound:.3f}")
+    print(f"minimal baseline    {machine:.1f} episodes/s (fork, {args.calls} round trips, reap; same run)")
+    print(f"ratio to baseline   {rate / machine:.3f}")
+    print(f"peak RSS            {peak:,.0f} MiB (this process; the zygote and sandboxes are their own)")
     for reason, count in failures.most_common():
         print(f"not scored: {count} x {reason}")
 

@@ -308,22 +308,7 @@ def step_label(step: int, last_step: int | None = None) -> str:
 
 def verify_part(path: Path, step: int, digest: str, run_id: str, last_step: int | None = None) -> PartFile:
     """Re-hash a part file and check its metadata; raise naming the file if anything is off."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise RecordError(f"cannot read rollout part {path}: {exc.strerror or exc}") from None
-    actual = hashlib.sha256(data).hexdigest()
-    if actual != digest:
-        raise IntegrityError(
-            f"rollout part {path} is corrupt: its sha256 is {actual[:16]}…, its name says {digest[:16]}…",
-            artifact=str(path),
-            expected=digest,
-            actual=actual,
-        )
-    try:
-        meta = pq.read_metadata(pa.BufferReader(data))  # type: ignore[no-untyped-call]
-    except (pa.ArrowException, OSError) as exc:
-        raise RecordError(f"rollout part {path} is not a readable Parquet file: {exc}") from None
+    meta, size = _verified_metadata(path, digest)
     kv = meta.metadata or {}
     if kv.get(META_FORMAT) != FORMAT.encode():
         raise RecordError(f"rollout part {path} is not a reprorl rollout table (no {FORMAT} metadata)")
@@ -333,7 +318,35 @@ def verify_part(path: Path, step: int, digest: str, run_id: str, last_step: int 
     label = step_label(step, last_step)
     if kv.get(META_STEP) != label.encode():
         raise RecordError(f"rollout part {path} holds step {kv.get(META_STEP, b'').decode()}, not {label}")
-    return PartFile(path, step, digest, meta.num_rows, len(data), last_step)
+    return PartFile(path, step, digest, meta.num_rows, size, last_step)
+
+
+def _verified_metadata(path: Path, digest: str) -> tuple[Any, int]:
+    """(Parquet metadata, size) of a file whose sha256 is `digest`, from one open handle, streamed:
+    a compacted part is hundreds of megabytes, never held whole."""
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        raise RecordError(f"cannot read rollout part {path}: {exc.strerror or exc}") from None
+    with handle:
+        try:
+            actual = hashlib.file_digest(handle, "sha256").hexdigest()
+        except OSError as exc:
+            raise RecordError(f"cannot read rollout part {path}: {exc.strerror or exc}") from None
+        if actual != digest:
+            raise IntegrityError(
+                f"rollout part {path} is corrupt: its sha256 is {actual[:16]}…, its name says {digest[:16]}…",
+                artifact=str(path),
+                expected=digest,
+                actual=actual,
+            )
+        size = handle.tell()
+        handle.seek(0)
+        try:
+            meta = pq.read_metadata(handle)  # type: ignore[no-untyped-call]
+        except (pa.ArrowException, OSError) as exc:
+            raise RecordError(f"rollout part {path} is not a readable Parquet file: {exc}") from None
+    return meta, size
 
 
 def check_schema_version(text: str, path: Path) -> None:

@@ -12,11 +12,18 @@ count. Each figure is the best of `--repeat` runs after one warm-up (the machine
         [--repeat 2] [--threads N] [--quick]
 
 `--quick` uses the tiny test model instead of SmolLM2-135M: a smoke run, not a measurement.
+
+Each dtype also prints where a `LocalSampler` run's time goes, from one run under the torch
+profiler: each operator's own time attributed to the GEMMs (the packed linears and the head), the
+attention over the KV cache (SDPA), the norms and the rotary embedding (the model's modules, marked
+by hooks), sampling (`_choose`, marked by a wrapper), other operators, and the time outside any
+operator (Python, the loop, the framework). Shares, not times: the profiler adds its own cost.
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -24,6 +31,7 @@ from typing import Any, cast
 import torch
 from timing import best_of
 
+import reprorl.policy.sampling as sampling_module
 from reprorl.policy import LoadedModel, load_base, tiny_model
 from reprorl.policy.fast_llama import PackedLlama, fast_path_applies, packing_key
 from reprorl.policy.sampling import LocalSampler, SampleRequest
@@ -138,6 +146,95 @@ def run_sampler(sampler: LocalSampler, prompts: list[list[int]], max_tokens: int
     return sum(len(s.token_ids) for s in sampler.sample(requests))
 
 
+GEMM_OPS = frozenset(
+    {
+        "aten::mm",
+        "aten::addmm",
+        "aten::linear",
+        "aten::matmul",
+        "mkl::_mkl_linear",
+        "mkldnn::_linear_pointwise",
+    }
+)
+REGIONS = ("norm", "rotary", "sampling")  # marked in the run itself; everything below them is theirs
+PHASES = ("GEMM", "attention", *REGIONS, "other ops", "outside ops")
+
+
+def phase_profile(sampler: LocalSampler, prompts: list[list[int]], max_tokens: int) -> dict[str, float]:
+    """Share of one sampler run's wall time in each of PHASES (see the module text)."""
+    model: Any = sampler.model
+    marked = [
+        (m, "norm")
+        for layer in model.model.layers
+        for m in (layer.input_layernorm, layer.post_attention_layernorm)
+    ]
+    marked += [(model.model.norm, "norm"), (model.model.rotary_emb, "rotary")]
+    handles = []
+    for module, region in marked:
+        handles.append(module.register_forward_pre_hook(_enter(region)))
+        handles.append(module.register_forward_hook(_leave))
+    choose = sampling_module._choose
+
+    def marked_choose(*args: Any, **kwargs: Any) -> Any:
+        with torch.profiler.record_function("sampling"):
+            return choose(*args, **kwargs)
+
+    sampling_module._choose = marked_choose
+    try:
+        # The decode itself, on this thread: the sampler hands it to a thread of its own, which
+        # the profiler (enabled per thread) would not see.
+        params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, max_tokens=max_tokens)
+        rows = [
+            sampling_module._Row(
+                SampleRequest(f"b{i}", tuple(p), params, 1000 + i), torch.Generator().manual_seed(1000 + i)
+            )
+            for i, p in enumerate(prompts)
+        ]
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            start = time.perf_counter()
+            sampler._decode_in_turn(rows)
+            wall_us = (time.perf_counter() - start) * 1e6
+        assert sum(len(r.tokens) for r in rows) == len(prompts) * max_tokens
+    finally:
+        sampling_module._choose = choose
+        for handle in handles:
+            handle.remove()
+    spent = dict.fromkeys(PHASES, 0.0)
+    for event in prof.events():
+        if event.name in REGIONS:
+            continue
+        spent[_phase_of(event)] += event.self_cpu_time_total
+    spent["outside ops"] = max(0.0, wall_us - sum(spent.values()))
+    return {phase: us / wall_us for phase, us in spent.items()}
+
+
+def _phase_of(event: Any) -> str:
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name in REGIONS:
+            return str(parent.name)
+        parent = parent.cpu_parent
+    if event.name in GEMM_OPS:
+        return "GEMM"
+    if "scaled_dot_product" in event.name or "flash_attention" in event.name:
+        return "attention"
+    return "other ops"
+
+
+def _enter(region: str) -> Callable[..., None]:
+    def hook(module: Any, args: Any) -> None:
+        marks = module.__dict__.setdefault("_bench_marks", [])
+        mark = torch.profiler.record_function(region)
+        mark.__enter__()  # type: ignore[no-untyped-call]
+        marks.append(mark)
+
+    return hook
+
+
+def _leave(module: Any, args: Any, output: Any) -> None:
+    module.__dict__["_bench_marks"].pop().__exit__(None, None, None)
+
+
 def bench_dtype(
     dtype: torch.dtype, args: argparse.Namespace, loaded: LoadedModel
 ) -> list[tuple[str, float, float]]:
@@ -177,6 +274,11 @@ def bench_dtype(
         seconds = best_of(fn, args.repeat)
         rows.append((f"{label} {name}", tokens / seconds, tokens / seconds / bound))
         print(f"  {label:<13} {seconds:7.2f} s  {tokens / seconds:8.1f} tok/s  ratio {rows[-1][2]:.3f}")
+    shares = phase_profile(sampler, prompts, args.max_tokens)
+    print(
+        "  LocalSampler time by phase (one profiled run): "
+        + ", ".join(f"{p} {shares[p]:.0%}" for p in PHASES)
+    )
     prefill = best_of(lambda: run_sampler(sampler, prompts, 1), args.repeat)
     total = tokens / rows[-1][1]
     print(

@@ -165,11 +165,13 @@ def _merge(record: RunRecord, group: list[PartFile]) -> None:
             # Parts become row groups of about ROW_GROUP_BYTES: a batch's part is a few dozen rows,
             # and a row group per part would keep the per-group cost that compaction is for.
             pending: list[pa.Table] = []
+            held = 0
             for part in group:
                 pending.append(_read_checked(part).replace_schema_metadata(schema.metadata))
-                if sum(t.nbytes for t in pending) >= ROW_GROUP_BYTES:
+                held += pending[-1].nbytes
+                if held >= ROW_GROUP_BYTES:
                     writer.write_table(pa.concat_tables(pending), row_group_size=_MAX_ROWS)
-                    pending = []
+                    pending, held = [], 0
             if pending:
                 writer.write_table(pa.concat_tables(pending), row_group_size=_MAX_ROWS)
         digest = _fsync_and_hash(tmp)

@@ -25,6 +25,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from rss import peak_rss_mib
+
 from reprorl.actions import render_call
 from reprorl.envs import ToolEnv, tool
 from reprorl.envs.sandbox import SandboxPool
@@ -156,14 +158,6 @@ def baseline_rate(episodes: int, concurrency: int, calls: int, ms: int) -> float
     argv = [sys.executable, "-I", "-c", BASELINE, str(episodes), str(concurrency), str(calls), str(ms / 1000)]
     done = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=600)
     return float(done.stdout.split()[-1])
-
-
-def peak_rss_mib() -> float:
-    """This process's own high-water RSS (the pool's zygote and sandboxes are other processes)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def main() -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import resource
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ import time
 from pathlib import Path
 
 from records import trajectory
+from rss import peak_rss_mib
 
 from reprorl.hashing import content_hash
 from reprorl.portable import export_bundle, import_bundle, read_bundle
@@ -64,16 +64,6 @@ def phase(name: str, home: Path, run_id: str, bundle: Path, target: Path) -> dic
         store.close()
     seconds = time.perf_counter() - start
     return {"seconds": seconds, "peak_mib": peak_rss_mib()}
-
-
-def peak_rss_mib() -> float:
-    """This process's own high-water RSS. Not `getrusage(RUSAGE_SELF).ru_maxrss`: Linux carries that
-    across fork and exec, so a child of a parent that has just written a million rollouts would report
-    the parent's peak as its own."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def child(name: str, home: Path, run_id: str, bundle: Path, target: Path) -> dict[str, float]:

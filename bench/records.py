@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import resource
 import statistics
 import struct
 import tempfile
@@ -33,6 +32,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from rss import peak_rss_mib, reset_peak_rss
 
 from reprorl.hashing import content_hash
 from reprorl.store import RunRecord, Store
@@ -137,10 +138,11 @@ def trajectory(
     )
 
 
-def timed(fn: Callable[[], Any], repeat: int = 5) -> float:
-    """Median seconds of `repeat` calls."""
-    times = []
-    for _ in range(repeat):
+def timed(fn: Callable[[], Any], repeat: int = 5, budget_s: float = 30.0) -> float:
+    """Median seconds of `repeat` calls, or of fewer once they have taken `budget_s` (a query over
+    31,250 part files takes most of a minute)."""
+    times: list[float] = []
+    while len(times) < repeat and sum(times) < budget_s:
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
@@ -192,6 +194,8 @@ def main() -> None:
             store, spec=spec, spec_hash=content_hash(spec), name="bench", seeds={"g": 0}
         )
         writer = RolloutWriter(record)
+        peaks: dict[str, float] = {}
+        reset_peak_rss()
         write_s, written, size = 0.0, 0, 0
         step = 0
         while written < args.rollouts:
@@ -207,13 +211,21 @@ def main() -> None:
             written += n
             step += 1
         record_json = len(batch[-1].model_dump_json())
+        del batch
+        peaks["write"] = peak_rss_mib()
 
+        reset_peak_rss()
         before = measure_queries(record, sample)
+        peaks["queries, one part per batch"] = peak_rss_mib()
         record.set_status("succeeded")
+        reset_peak_rss()
         start = time.perf_counter()
         compaction = compact(record)
         compact_s = time.perf_counter() - start
+        peaks["compaction"] = peak_rss_mib()
+        reset_peak_rss()
         after = measure_queries(record, sample)
+        peaks["queries, compacted"] = peak_rss_mib()
         store.close()
 
     per_rollout_write = write_s / args.rollouts
@@ -240,18 +252,18 @@ def main() -> None:
         f"{compaction.parts_after:,} ({compaction.bytes_after / 1e6:,.1f} MB) in {compact_s:.1f} s "
         f"({compaction.bytes_before / 1e6 / compact_s:,.0f} MB/s)"
     )
-    print(f"query latency over {args.rollouts:,} rollouts (median of 5), ms:")
+    print(f"query latency over {args.rollouts:,} rollouts (median of up to 5), ms:")
     print(f"  {'':<36} {f'{compaction.parts_before:,} parts':>12} {f'{compaction.parts_after:,} parts':>12}")
     for (name, was), (_, now) in zip(before, after, strict=True):
         print(f"  {name:<36} {was * 1000:>12.1f} {now * 1000:>12.1f}")
     # Writing holds one batch; queries stream from DuckDB and compaction one part at a time: what the
     # store keeps in memory is bounded by a part and the query's result, not by the run's size.
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"rollouts counted back {compaction.rows:,} of {args.rollouts:,} written; peak RSS {peak:,.0f} MiB")
+    print(f"rollouts counted back {compaction.rows:,} of {args.rollouts:,} written")
+    print("peak RSS by phase, MiB: " + ", ".join(f"{name} {mib:,.0f}" for name, mib in peaks.items()))
 
 
 def measure_queries(record: RunRecord, sample: Trajectory) -> list[tuple[str, float]]:
-    """The first query in a fresh reader (it verifies every file), then each query's median of 5."""
+    """The first query in a fresh reader (it verifies every file), then each query's median of up to 5."""
     cold_start = time.perf_counter()
     total = RolloutStore(record).count()
     cold_s = time.perf_counter() - cold_start

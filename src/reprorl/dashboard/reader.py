@@ -20,49 +20,9 @@ from reprorl.dashboard.security import checked_run_id, inside, refuse
 from reprorl.errors import ReprorlError
 from reprorl.report.records import task_index
 from reprorl.store import RunRecord, Store, iter_runs
+from reprorl.store.log_tail import LogTail
 from reprorl.store.rollout_query import RolloutStore
-from reprorl.store.runs import parse_log_line
 from reprorl.types import Task
-
-
-@dataclass
-class LogTail:
-    """An append-only run log read from where the last read stopped; a rewritten file is read again."""
-
-    path: Path
-    records: list[dict[str, Any]] = field(default_factory=list)
-    bad_lines: list[int] = field(default_factory=list)
-    lines: int = 0
-    _offset: int = 0
-    _inode: int | None = None
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def refresh(self) -> int:
-        """Read what was appended since the last call; returns how many new records."""
-        with self._lock:
-            try:
-                stat = self.path.stat()
-            except FileNotFoundError:
-                return 0
-            if stat.st_ino != self._inode or stat.st_size < self._offset:
-                self.records, self.bad_lines, self.lines, self._offset = [], [], 0, 0
-                self._inode = stat.st_ino
-            if stat.st_size == self._offset:
-                return 0
-            before = len(self.records)
-            with self.path.open("rb") as handle:
-                handle.seek(self._offset)
-                data = handle.read(stat.st_size - self._offset)
-            end = data.rfind(b"\n") + 1  # a line without its newline is still being written
-            for raw in data[:end].splitlines():
-                self.lines += 1
-                record = parse_log_line(raw)
-                if record is None:
-                    self.bad_lines.append(self.lines)
-                else:
-                    self.records.append(record)
-            self._offset += end
-            return len(self.records) - before
 
 
 @dataclass(frozen=True)

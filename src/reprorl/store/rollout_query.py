@@ -15,6 +15,7 @@ import importlib.util
 import json
 import threading
 from collections.abc import Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import pyarrow as pa
 from pydantic import ValidationError
 
 from reprorl.errors import NotFoundError, RecordError, UserInputError
+from reprorl.store.log_tail import LogTail
 from reprorl.store.rollouts import (
     COLUMNS,
     COMPACTED_EVENT,
@@ -36,7 +38,7 @@ from reprorl.store.rollouts import (
     run_location,
     verify_part,
 )
-from reprorl.store.runs import RunRecord, read_log
+from reprorl.store.runs import RunRecord
 from reprorl.types import Trajectory
 
 VIEW = "rollouts"
@@ -67,6 +69,11 @@ class RolloutStore:
         self.run_dir, self.run_id, _ = run_location(run)
         self.timeout_s, self.memory_limit = timeout_s, memory_limit
         self._verified: dict[Path, tuple[_STAT, PartFile]] = {}
+        self._log = LogTail(self.run_dir / "events.jsonl", keep=False)
+        self._logged: set[Path] = set()
+        self._replaced: set[Path] = set()
+        self._snapshot: tuple[frozenset[Path], frozenset[Path]] = (frozenset(), frozenset())
+        self._ledger_lock = threading.Lock()
 
     # -- files ---------------------------------------------------------------------------------
 
@@ -96,23 +103,32 @@ class RolloutStore:
             parts.append(cached[1])
         return parts
 
-    def ledger(self) -> tuple[set[Path], set[Path]]:
+    def ledger(self) -> tuple[AbstractSet[Path], AbstractSet[Path]]:
         """From the run's event log: the parts that hold its rollouts now, and the parts a compaction
-        replaced (still on disk only if it was killed before it removed them). Empty without a log."""
-        logged: set[Path] = set()
-        replaced: set[Path] = set()
-        for e in read_log(self.run_dir / "events.jsonl").records:
-            kind = e.get("event")
-            if kind == WRITTEN_EVENT and e.get("part"):
-                logged.add(self.run_dir / str(e["part"]))
-            elif kind == DISCARDED_EVENT:
-                logged.difference_update(self.run_dir / str(p) for p in e.get("parts", []))
-            elif kind == COMPACTED_EVENT:
-                merged = {self.run_dir / str(p) for p in e.get("replaces", [])}
-                logged -= merged
-                replaced |= merged
-                logged.add(self.run_dir / str(e["part"]))
-        return logged, replaced
+        replaced (still on disk only if it was killed before it removed them). Empty without a log.
+
+        The log is append-only: each call folds in only the lines appended since the last one, so a
+        query's cost does not grow with the number of parts ever written.
+        """
+        with self._ledger_lock:
+            new, restarted = self._log.read_new()
+            if restarted:
+                self._logged, self._replaced = set(), set()
+            logged, replaced = self._logged, self._replaced
+            for e in new:
+                kind = e.get("event")
+                if kind == WRITTEN_EVENT and e.get("part"):
+                    logged.add(self.run_dir / str(e["part"]))
+                elif kind == DISCARDED_EVENT:
+                    logged.difference_update(self.run_dir / str(p) for p in e.get("parts", []))
+                elif kind == COMPACTED_EVENT:
+                    merged = {self.run_dir / str(p) for p in e.get("replaces", [])}
+                    logged -= merged
+                    replaced |= merged
+                    logged.add(self.run_dir / str(e["part"]))
+            if new or restarted:  # the caller gets a snapshot, taken again only when the log grew
+                self._snapshot = (frozenset(logged), frozenset(replaced))
+            return self._snapshot
 
     # -- queries -------------------------------------------------------------------------------
 

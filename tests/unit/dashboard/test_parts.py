@@ -10,9 +10,9 @@ from fastapi import HTTPException
 
 from reprorl.dashboard.conversation import bucket
 from reprorl.dashboard.filters import RolloutFilters
-from reprorl.dashboard.reader import LogTail
 from reprorl.dashboard.security import Access, checked_run_id, checked_segment, inside, is_loopback
 from reprorl.errors import UserInputError
+from reprorl.store.log_tail import LogTail
 from reprorl.store.runs import checksummed_line, new_run_id
 from reprorl.types import Message, Role, Task
 

@@ -107,6 +107,39 @@ def test_a_run_record_gets_a_checksummed_manifest_event(store: Store) -> None:
         RolloutStore(record).count()
 
 
+def test_a_long_lived_store_follows_the_log_and_parses_each_line_once(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import reprorl.store.log_tail as log_tail
+
+    spec = {"name": "demo"}
+    record = RunRecord.create(store, spec=spec, spec_hash=content_hash(spec), name="demo", seeds={"g": 1})
+    writer = RolloutWriter(record)
+    parsed: list[bytes] = []
+    real = log_tail.parse_log_line
+    monkeypatch.setattr(log_tail, "parse_log_line", lambda raw: parsed.append(raw) or real(raw))
+    rollouts = RolloutStore(record)
+    first = writer.write(0, batch(0, run_id=record.run_id))
+    assert first is not None and rollouts.count() == 6
+    seen = len(parsed)
+    assert rollouts.count() == 6 and len(parsed) == seen  # nothing appended: nothing parsed again
+    writer.write(1, batch(1, run_id=record.run_id))
+    assert rollouts.count() == 12 and len(parsed) == seen + 1  # only the new line
+    # A discarded part stops counting for the store that already read the line that wrote it.
+    record.event("rollouts_discarded", parts=[first.path.relative_to(record.path).as_posix()])
+    first.path.unlink()
+    assert rollouts.count() == 6
+    # A log replaced by a shorter one is read again from its start, and what it no longer says goes.
+    log = record.path / "events.jsonl"
+    lines = log.read_bytes().splitlines(keepends=True)
+    written = [i for i, line in enumerate(lines) if b"rollouts_written" in line]
+    fresh = record.path / "fresh.jsonl"
+    fresh.write_bytes(b"".join(lines[: written[0]]))
+    fresh.replace(log)
+    assert rollouts.count() == 6  # the step-1 part is still on disk, and an unlogged part counts
+    assert rollouts.ledger() == (frozenset(), frozenset())
+
+
 def test_a_rollout_stored_in_two_steps_is_reported(
     run_dir: Path, written: dict[int, list[Trajectory]]
 ) -> None:

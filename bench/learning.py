@@ -10,7 +10,9 @@ set, each step drawing every family its weighted share), measured on each family
 
 It prints per run and suite: success before and after (bootstrap 95% interval over tasks), the paired
 change with its interval and p-value, whether the two intervals overlap, and the CPU and wall minutes
-of the RL phase (rollouts + updates; eval points excluded). With `--control sft`, each RL run gets a
+of the RL phase (rollouts + updates; eval points excluded), and under each RL run its median update
+(forward, backward, optimizer step) against its FLOP bound (`train/model_flops` over this machine's
+matmul rate in the updates' dtype, measured in this sitting). With `--control sft`, each RL run gets a
 control run of the same spec with no RL step (`learning.steps = 0`) and as many more SFT steps as
 take the RL phase's CPU time at the warm start's measured CPU seconds per SFT step; the table adds
 the control's held-out success, its CPU minutes, and RL's paired margin over it (per task, p-value by
@@ -40,6 +42,9 @@ import tempfile
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
+
+import torch
+from sampling import matmul_flops
 
 from reprorl.config import RunSpec, load_spec, resolve_spec
 from reprorl.envs.families import calculator, files, sql
@@ -74,6 +79,11 @@ class Measured:
     wall_min: float
     sft_cpu_min: float  # the warm start
     sft_step_cpu_s: float  # its median CPU seconds per step
+    # The RL updates' median wall seconds (forward, backward, optimizer) and FLOP bound, and the dtype
+    # of their matmuls; None in lines measured before the runs recorded them.
+    update_s: float | None = None
+    update_flops: float | None = None
+    compute_dtype: str | None = None
 
 
 def code_state(record: RunRecord) -> str:
@@ -138,6 +148,35 @@ def sft_minutes(record: RunRecord) -> tuple[float, float]:
     return sum(m["sft_cpu_s"] for m in sft) / 60, float(statistics.median(per_step)) if per_step else 0.0
 
 
+def update_figures(record: RunRecord) -> tuple[float | None, float | None, str | None]:
+    """(median update seconds, median update FLOP bound, matmul dtype) of the run's RL steps."""
+    steps = [m for m in record.metrics().records if m.get("stage") is None and "train/update_s" in m]
+    dtype = next(
+        (str(e["compute_dtype"]) for e in record.events().records if e.get("event") == "trainer_device"),
+        None,
+    )
+    if not steps:
+        return None, None, dtype
+    seconds = float(statistics.median(m["train/update_s"] for m in steps))
+    return seconds, float(statistics.median(m["train/model_flops"] for m in steps)), dtype
+
+
+def bound_line(rl: Measured, rates: dict[str, float]) -> str | None:
+    """The updates' median seconds against their FLOP bound at this machine's matmul rate, measured
+    in this sitting (the first time a dtype is needed)."""
+    if rl.update_s is None or rl.update_flops is None or rl.compute_dtype is None:
+        return None
+    dtype = getattr(torch, rl.compute_dtype)
+    if rl.compute_dtype not in rates:
+        rates[rl.compute_dtype] = matmul_flops(dtype)
+    bound = rl.update_flops / rates[rl.compute_dtype]
+    return (
+        f"{'':<24}update {rl.update_s:.2f} s (median step); FLOP bound {bound:.2f} s at "
+        f"{rates[rl.compute_dtype] / 1e9:,.0f} GFLOP/s {rl.compute_dtype} matmul measured now: "
+        f"{rl.update_s / bound:.2f}x the bound"
+    )
+
+
 def finished(store: Store, spec: RunSpec) -> RunRecord | None:
     """A succeeded run of exactly `spec` already in `store` (a `--keep` directory run before)."""
     for run_id in iter_runs(store):
@@ -158,6 +197,7 @@ async def run(store: Store, spec: RunSpec, ledger: Path, train: bool) -> Measure
             return None
         record = await train_run(store, spec)
     points = suite_points(record)
+    update_s, update_flops, compute_dtype = update_figures(record)
     measured = Measured(
         spec_hash=spec.spec_hash(),
         run_id=record.run_id,
@@ -169,6 +209,9 @@ async def run(store: Store, spec: RunSpec, ledger: Path, train: bool) -> Measure
         wall_min=rl_minutes(record)[1],
         sft_cpu_min=sft_minutes(record)[0],
         sft_step_cpu_s=sft_minutes(record)[1],
+        update_s=update_s,
+        update_flops=update_flops,
+        compute_dtype=compute_dtype,
     )
     append_ledger(ledger, measured)
     return measured
@@ -245,6 +288,7 @@ def main() -> None:
         f"{'change (paired) [95% CI]':<34}{'CIs':<8}{'RL cpu':>7}{'wall':>7}  {'measured at':<19}"
         "(minutes)"
     )
+    rates: dict[str, float] = {}  # matmul FLOP/s by dtype, measured here when first needed
     with tempfile.TemporaryDirectory(prefix="reprorl-learning-") as scratch:
         root = args.keep or Path(scratch)
         for family in args.families:
@@ -265,6 +309,8 @@ def main() -> None:
                         print(f"{family:<6}{'':<14}{seed:>4}  its control is not in the ledger")
                 for suite in sorted(rl.last):
                     print(row(family, seed, suite, rl, control, extra), flush=True)
+                if (line := bound_line(rl, rates)) is not None:
+                    print(line, flush=True)
                     if control is not None:
                         a, b = pooled.setdefault(suite, ({}, {}))
                         a.update({f"{seed}/{t}": v for t, v in rl.last[suite].items()})

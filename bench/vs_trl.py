@@ -28,7 +28,10 @@ decode, the trainer's bf16 autocast, PPO clip with truncated IS against the samp
 
 It prints, per side, mean seconds per step (step 0 left out as warm-up when there are more steps),
 how many updates and seconds it took until a step's mean reward first reached `--target`, the
-per-step reward curve, and the ratios reprorl / TRL. The default target, 0.75, is the share of
+per-step reward curve, and the ratios reprorl / TRL. Last, reprorl's update (forward_backward and
+the optimizer step) against its FLOP bound: 4 x the matmul weights x the token positions for a LoRA
+adapter (6 x when every weight learns), at the rate of a large GEMM in the training's matmul dtype
+measured at the start of the same run. The default target, 0.75, is the share of
 correct demonstrations: after the default 8 SFT steps a step's success is about 0.45-0.5, so
 reaching it takes RL. Needs TRL (`pip install -e '.[bench]'`).
 
@@ -57,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from sampling import matmul_flops
 
 from reprorl.actions import render_call
 from reprorl.algos import CrossEntropy, DrGRPOAdvantage, GRPOAdvantage, PPOClip
@@ -111,6 +115,8 @@ class Curve:
     seconds: list[float] = field(default_factory=list)
     sample_seconds: list[float] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
+    update_seconds: list[float] = field(default_factory=list)  # forward_backward + optim_step
+    model_flops: list[float] = field(default_factory=list)  # each update's FLOP bound (reprorl only)
 
 
 def has_native_bf16() -> bool:
@@ -252,8 +258,11 @@ def run_reprorl(work: Workload, args: argparse.Namespace) -> Curve:
                         advantage=a,
                     )
                 )
-        trainer.forward_backward(data, loss)
+        updating = time.perf_counter()
+        figures = trainer.forward_backward(data, loss)
         trainer.optim_step(AdamParams(lr=args.lr))
+        curve.update_seconds.append(time.perf_counter() - updating)
+        curve.model_flops.append(figures["model_flops"])
         curve.seconds.append(time.perf_counter() - start)
         curve.rewards.append(statistics.fmean(rewards))
         report(curve)
@@ -368,6 +377,17 @@ def to_target(curve: Curve, target: float) -> tuple[int, float] | None:
     return None
 
 
+def bound_line(curve: Curve, flops_per_s: float, dtype: str) -> str:
+    """The update's seconds against its FLOP bound at the matmul rate measured in this run."""
+    update = steady(curve.update_seconds)
+    bound = steady(curve.model_flops) / flops_per_s
+    return (
+        f"{curve.name} update {update:.2f} s/step; FLOP bound {bound:.2f} s "
+        f"({steady(curve.model_flops) / 1e12:.2f} TFLOP at {flops_per_s / 1e9:,.0f} GFLOP/s {dtype} "
+        f"matmul, measured here): {update / bound:.2f}x the bound"
+    )
+
+
 def summary(curves: list[Curve], target: float) -> None:
     print(
         f"\n{'side':<9}{'setup s':>9}{'s/step':>9}{'sampling':>10}{'update':>9}"
@@ -438,6 +458,10 @@ def main() -> None:
         f"{args.advantage}, context {args.context}, bf16 {args.bf16}, threads {torch.get_num_threads()}",
         flush=True,
     )
+    # The update's bound: the matmul rate of this machine in the training's matmul dtype, measured
+    # before either side runs (the same threads).
+    dtype_name = "bf16" if args.bf16 else "fp32"
+    rate = matmul_flops(torch.bfloat16 if args.bf16 else torch.float32)
     curves = []
     with tempfile.TemporaryDirectory(prefix="reprorl-vs-trl-") as scratch:
         work = prepare(args, Path(scratch))
@@ -448,6 +472,9 @@ def main() -> None:
         if args.only in ("both", "trl"):
             curves.append(run_trl(work, args, Path(scratch)))
     summary(curves, args.target)
+    for curve in curves:
+        if curve.model_flops:
+            print(bound_line(curve, rate, dtype_name))
 
 
 if __name__ == "__main__":

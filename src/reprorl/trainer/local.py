@@ -96,6 +96,11 @@ class LocalTrainer:
         self.pad_id = pad if isinstance(pad, int) else 0
         self.optimizer: torch.optim.AdamW | None = None
         self.reference: PreTrainedModel | None = None
+        # Weights a token's forward pass multiplies by: every linear layer's, the head's included
+        # (a tied head counts once, as it is one matrix), LoRA's factors too; not the embedding lookup.
+        self.matmul_params = sum(
+            m.weight.numel() for m in cast(torch.nn.Module, model).modules() if isinstance(m, torch.nn.Linear)
+        )
         self.init_adapter: str | None = None  # hash of the adapter training continued from, if any
         self.step = 0
 
@@ -215,12 +220,13 @@ class LocalTrainer:
         weight = _token_weight if loss.mean == "token" else _sequence_weight
         whole = weight(data)
         metrics: dict[str, float] = {}
-        entropy_sum = 0.0
+        entropy_sum, positions = 0.0, 0
         for start in range(0, len(data), self.micro_batch):
             chunk = data[start : start + self.micro_batch]
             share = weight(chunk) / whole
             if share == 0:
                 continue
+            positions += sum(len(d.input_ids) for d in chunk)
             logprobs, batch, entropy = self._logprobs(chunk, entropy=True)
             entropy_sum += entropy
             out = loss(logprobs, batch)
@@ -229,6 +235,11 @@ class LocalTrainer:
                 metrics[key] = metrics.get(key, 0.0) + value * (1.0 if key == "tokens" else share)
         metrics["loss"] = metrics.get("nll", metrics.get("loss", 0.0))
         metrics["entropy"] = entropy_sum / total
+        # The update's FLOP bound: a forward pass costs 2 FLOPs per weight and token, the backward
+        # pass 2 more for the activations' gradients and, where every weight learns, 2 more for theirs.
+        per_token = (4 if self.trains_adapter else 6) * self.matmul_params
+        metrics["positions"] = float(positions)
+        metrics["model_flops"] = float(per_token * positions)
         return metrics
 
     def reset_optimizer(self) -> None:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from reprorl.algos import CrossEntropy
+from reprorl.config.spec import LoraAdapter
 from reprorl.policy import LoadedModel, tiny_model
 from reprorl.trainer import AdamParams, Datum, LocalTrainer, collate, from_trajectory
 from reprorl.types import Split, Termination, Trajectory, Turn
@@ -149,3 +150,26 @@ def test_a_shared_prompt_is_run_once_with_the_same_logprobs_and_gradients(
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
     assert shared_grads.abs().max() > 0
     torch.testing.assert_close(shared_grads, whole_grads, atol=1e-5, rtol=1e-4)
+
+
+def test_an_update_reports_its_flop_bound_for_the_weights_that_learn(model: LoadedModel) -> None:
+    data = _data(model)
+    positions = sum(len(d.input_ids) for d in data)
+    config = model.model.config
+    hidden, inner, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    kv = config.num_key_value_heads * (hidden // config.num_attention_heads)
+    per_layer = hidden * (hidden + 2 * kv) + hidden * hidden + 3 * hidden * inner
+    matmuls = layers * per_layer + config.vocab_size * hidden  # the head once, tied or not
+
+    full = LocalTrainer(model.model, model.tokenizer, base_hash=model.base_hash)
+    assert full.matmul_params == matmuls
+    figures = full.forward_backward(data, CrossEntropy())
+    assert figures["positions"] == positions and figures["model_flops"] == 6 * matmuls * positions
+
+    adapter = LoraAdapter(rank=4, alpha=8.0, targets=("q_proj", "v_proj"))
+    fresh = tiny_model(0)
+    lora = LocalTrainer.lora(fresh, adapter, seed=0)
+    factors = layers * 4 * (hidden + hidden) + layers * 4 * (hidden + kv)  # A and B of q and v
+    assert lora.matmul_params == matmuls + factors
+    figures = lora.forward_backward(data, CrossEntropy())
+    assert figures["model_flops"] == 4 * (matmuls + factors) * positions

@@ -287,8 +287,10 @@ class TrainLoop:
             return {}
         learning = self.learning
         data = prepare(self.trainer, data, learning, self.ewma)
+        started = time.perf_counter()
         train = self.trainer.forward_backward(data, self.loss)
         train.update(self.trainer.optim_step(AdamParams(lr=learning_rate(learning, step))))
+        train["update_s"] = time.perf_counter() - started  # against `model_flops`: the update's bound
         if self.ewma is not None:
             self.ewma.update()
         return {f"train/{k}": v for k, v in train.items()}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import subprocess
 import sys
 import time
@@ -25,6 +26,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import psutil
 from rss import peak_rss_mib
 
 from reprorl.actions import render_call
@@ -60,7 +62,9 @@ def _script(calls: int, ms: int) -> Any:
     return script
 
 
-async def _run(episodes: int, concurrency: int, calls: int, ms: int) -> tuple[float, int, Counter[str]]:
+async def _run(
+    episodes: int, concurrency: int, calls: int, ms: int
+) -> tuple[float, int, Counter[str], dict[str, float]]:
     task = Task(id="t", family="slow", prompt=(Message(role=Role.USER, content="go"),), tools=("lookup",))
     gate = asyncio.Semaphore(concurrency)
     async with (
@@ -93,9 +97,31 @@ async def _run(episodes: int, concurrency: int, calls: int, ms: int) -> tuple[fl
 
         await one(-1)  # warm up the zygote and the verifier pool
         failures.clear()
+        zygote = pool._zygote.pid if pool._zygote is not None else -1
+        before = cpu_by_process(zygote)
         start = time.perf_counter()
         ok = await asyncio.gather(*[one(i) for i in range(episodes)])
-        return time.perf_counter() - start, sum(ok), failures
+        elapsed = time.perf_counter() - start
+        after = cpu_by_process(zygote)
+        spent = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in after}
+        return elapsed, sum(ok), failures, spent
+
+
+def cpu_by_process(zygote: int) -> dict[str, float]:
+    """CPU seconds so far of this process, of the zygote with the sandboxes it forked and reaped, and
+    of every other process this one started (the verifier workers) with what they reaped."""
+    me = psutil.Process()
+    spent = {"this process": sum(me.cpu_times()[:2]), "zygote + sandboxes": 0.0, "verifier workers": 0.0}
+    for child in me.children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            times = child.cpu_times()
+            own = times.user + times.system + times.children_user + times.children_system
+            parent = child.ppid()
+            if child.pid == zygote:
+                spent["zygote + sandboxes"] += own
+            elif parent != zygote and parent == me.pid:
+                spent["verifier workers"] += own
+    return spent
 
 
 BASELINE = r"""
@@ -145,19 +171,27 @@ async def main():
     gate = asyncio.Semaphore(CONCURRENCY)
     await episode(gate, loop)
     start = time.perf_counter()
+    cpu = time.process_time()
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     await asyncio.gather(*[episode(gate, loop) for _ in range(EPISODES)])
-    print(EPISODES / (time.perf_counter() - start))
+    rate = EPISODES / (time.perf_counter() - start)
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    spent = time.process_time() - cpu
+    spent += reaped.ru_utime + reaped.ru_stime - children.ru_utime - children.ru_stime
+    print(rate, spent / EPISODES)
 
 
 asyncio.run(main())
 """
 
 
-def baseline_rate(episodes: int, concurrency: int, calls: int, ms: int) -> float:
-    """Episodes/s of the minimal baseline (module text), in a bare interpreter of its own."""
+def baseline_rate(episodes: int, concurrency: int, calls: int, ms: int) -> tuple[float, float]:
+    """(episodes/s, CPU seconds per episode, its children's included) of the minimal baseline (module
+    text), in a bare interpreter of its own."""
     argv = [sys.executable, "-I", "-c", BASELINE, str(episodes), str(concurrency), str(calls), str(ms / 1000)]
     done = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=600)
-    return float(done.stdout.split()[-1])
+    rate, cpu = done.stdout.split()[-2:]
+    return float(rate), float(cpu)
 
 
 def main() -> None:
@@ -168,11 +202,13 @@ def main() -> None:
     parser.add_argument("--latency-ms", type=int, default=10)
     args = parser.parse_args()
     sys.modules.setdefault("envs", sys.modules["__main__"])
-    elapsed, ok, failures = asyncio.run(_run(args.episodes, args.concurrency, args.calls, args.latency_ms))
+    elapsed, ok, failures, spent = asyncio.run(
+        _run(args.episodes, args.concurrency, args.calls, args.latency_ms)
+    )
     rate = args.episodes / elapsed
     bound = args.concurrency / (args.calls * args.latency_ms / 1000)
     peak = peak_rss_mib()
-    machine = baseline_rate(args.episodes, args.concurrency, args.calls, args.latency_ms)
+    machine, machine_cpu = baseline_rate(args.episodes, args.concurrency, args.calls, args.latency_ms)
     print(f"episodes            {args.episodes} ({ok} scored 1.0)")
     print(f"concurrency C       {args.concurrency}")
     print(f"tool calls/episode  {args.calls} x {args.latency_ms} ms")
@@ -184,6 +220,10 @@ def main() -> None:
     print(f"minimal baseline    {machine:.1f} episodes/s (fork, {args.calls} round trips, reap; same run)")
     print(f"ratio to baseline   {rate / machine:.3f}")
     print(f"peak RSS            {peak:,.0f} MiB (this process; the zygote and sandboxes are their own)")
+    total = sum(spent.values())
+    print(f"CPU per episode     {total / args.episodes * 1000:.2f} ms; baseline {machine_cpu * 1000:.2f} ms")
+    for name, seconds in spent.items():
+        print(f"  {name:<22}{seconds / args.episodes * 1000:>7.2f} ms ({seconds / max(total, 1e-9):.0%})")
     for reason, count in failures.most_common():
         print(f"not scored: {count} x {reason}")
 

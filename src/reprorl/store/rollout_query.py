@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import json
 import threading
 from collections.abc import Iterator, Sequence
 from collections.abc import Set as AbstractSet
@@ -25,12 +24,22 @@ from pydantic import ValidationError
 
 from reprorl.errors import NotFoundError, RecordError, UserInputError
 from reprorl.store.log_tail import LogTail
+from reprorl.store.rollout_sql import (
+    check_single_condition,
+    column_list,
+    declared,
+    explain,
+    first_line,
+    limit_clause,
+    literal,
+    offset_clause,
+    quote,
+    step_windows,
+)
 from reprorl.store.rollouts import (
-    COLUMNS,
     COMPACTED_EVENT,
     DISCARDED_EVENT,
     SCHEMA,
-    SUMMARY_COLUMNS,
     WRITTEN_EVENT,
     PartFile,
     find_compacted,
@@ -42,6 +51,10 @@ from reprorl.store.runs import RunRecord
 from reprorl.types import Trajectory
 
 VIEW = "rollouts"
+# Reading whole records goes by windows of consecutive steps of about this many bytes of part files;
+# every query by windows of at most this many files (DuckDB's scan state grows with files x columns).
+WINDOW_BYTES = 64 * 2**20
+WINDOW_FILES = 512
 ORDER = "ORDER BY step, rollout_id"
 _STAT = tuple[int, int, int]
 # Raised by the engine for what the query's text asked for, not for what the files hold.
@@ -145,15 +158,28 @@ class RolloutStore:
         `columns` defaults to every column but `record` (the full JSON); see docs/rollouts.md.
         `offset` skips that many matching rows first (a page of a table).
         """
-        selected = _columns(columns)
-        sql = f"SELECT {', '.join(_quote(c) for c in selected)} FROM {VIEW}"
-        with self._run(sql, where, f"{ORDER}{_limit(limit)}{_offset(offset)}") as result:
-            return result.to_arrow_table()
+        selected = column_list(columns)
+        limit_clause(limit), offset_clause(offset)  # refused before anything is read
+        sql = f"SELECT {', '.join(quote(c) for c in selected)} FROM {VIEW}"
+        need = None if limit is None else offset + limit
+        tables: list[pa.Table] = []
+        for files, steps in self._windows(None):
+            held = sum(t.num_rows for t in tables)
+            if tables and need is not None and held >= need:
+                break
+            tail = f"{ORDER}{limit_clause(None if need is None else need - held)}"
+            with self._run(sql, where, tail, parts=files, steps=steps) as result:
+                tables.append(result.to_arrow_table())
+        table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+        return table.slice(offset, limit)
 
     def count(self, where: str | None = None) -> int:
-        with self._run(f"SELECT count(*) FROM {VIEW}", where, "") as result:
-            row = result.fetchone()
-        return int(row[0]) if row else 0
+        total = 0
+        for files, steps in self._windows(None):
+            with self._run(f"SELECT count(*) FROM {VIEW}", where, "", parts=files, steps=steps) as result:
+                row = result.fetchone()
+            total += int(row[0]) if row else 0
+        return total
 
     def get(self, rollout_id: str) -> Trajectory:
         """The exact stored trajectory with this rollout id."""
@@ -168,13 +194,26 @@ class RolloutStore:
         return _restore(rows[0][0], rollout_id)
 
     def trajectories(self, where: str | None = None, *, limit: int | None = None) -> Iterator[Trajectory]:
-        """The stored trajectories matching `where`, restored one batch of rows at a time."""
+        """The stored trajectories matching `where`, restored one batch of rows at a time.
+
+        The run is read in windows of consecutive steps of about `WINDOW_BYTES` of part files, each
+        sorted on its own (windows never share a step): reading every trajectory of a run holds one
+        window's records, whatever the run's size.
+        """
+        limit_clause(limit)  # refused before anything is read
         sql = f"SELECT rollout_id, record FROM {VIEW}"
-        with self._run(sql, where, f"{ORDER}{_limit(limit)}") as result:
-            for batch in result.to_arrow_reader(1024):
-                ids, records = batch.column(0).to_pylist(), batch.column(1).to_pylist()
-                for rollout_id, record in zip(ids, records, strict=True):
-                    yield _restore(record, rollout_id)
+        remaining = limit
+        for files, steps in self._windows(WINDOW_BYTES):
+            if remaining == 0:
+                return
+            tail = f"{ORDER}{limit_clause(remaining)}"
+            with self._run(sql, where, tail, parts=files, steps=steps) as result:
+                for batch in result.to_arrow_reader(1024):
+                    ids, records = batch.column(0).to_pylist(), batch.column(1).to_pylist()
+                    for rollout_id, record in zip(ids, records, strict=True):
+                        yield _restore(record, rollout_id)
+                        if remaining is not None:
+                            remaining -= 1
 
     def to_pandas(
         self,
@@ -190,8 +229,23 @@ class RolloutStore:
 
     # -- the sandboxed connection --------------------------------------------------------------
 
-    def _connect(self) -> duckdb.DuckDBPyConnection:
+    def _windows(self, target_bytes: int | None) -> list[tuple[list[PartFile], tuple[int, int] | None]]:
+        """The run's verified parts cut into windows of consecutive steps, each of at most
+        `WINDOW_FILES` files (and about `target_bytes` if given): a query over thousands of small
+        parts holds one window's scan state at a time. One window without a span when it is all."""
         parts = self.parts()
+        if len(parts) <= WINDOW_FILES and (
+            target_bytes is None or sum(p.size for p in parts) <= target_bytes
+        ):
+            return [(parts, None)]
+        return [(files, span) for files, span in step_windows(parts, target_bytes, WINDOW_FILES)]
+
+    def _connect(
+        self, parts: list[PartFile] | None = None, steps: tuple[int, int] | None = None
+    ) -> duckdb.DuckDBPyConnection:
+        parts = self.parts() if parts is None else parts
+        # A window's span is part of the view, never of the query text a user's condition joins.
+        within = "" if steps is None else f" WHERE step BETWEEN {int(steps[0])} AND {int(steps[1])}"
         con = duckdb.connect(
             ":memory:",
             config={
@@ -204,18 +258,19 @@ class RolloutStore:
         )
         try:
             if parts:
-                files = "[" + ", ".join(_literal(str(p.path)) for p in parts) + "]"
+                files = "[" + ", ".join(literal(str(p.path)) for p in parts) + "]"
                 con.execute(f"SET allowed_paths = {files}")
                 # `step` is a column of every file; a folder name is not read as one (a compacted
                 # part's folder names a span of steps).
                 con.execute(
                     f"CREATE VIEW {VIEW} AS SELECT * FROM read_parquet({files}, hive_partitioning = false)"
+                    + within
                 )
             else:
                 # Declared in SQL, not scanned from an empty Arrow table: Arrow's scanner waits on a
                 # thread of its own pool, and waits for ever where that thread cannot be created
                 # (an address-space limit reached).
-                con.execute(f"CREATE TABLE {VIEW} ({_declared(SCHEMA)})")
+                con.execute(f"CREATE TABLE {VIEW} ({declared(SCHEMA)})")
             con.execute("SET enable_external_access = false")
             con.execute("SET lock_configuration = true")
         except BaseException:
@@ -224,10 +279,19 @@ class RolloutStore:
         return con
 
     @contextlib.contextmanager
-    def _run(self, head: str, where: str | None, tail: str) -> Iterator[duckdb.DuckDBPyConnection]:
-        """Execute `head [WHERE (where)] tail` on a sandboxed connection, yield it for fetching."""
+    def _run(
+        self,
+        head: str,
+        where: str | None,
+        tail: str,
+        *,
+        parts: list[PartFile] | None = None,
+        steps: tuple[int, int] | None = None,
+    ) -> Iterator[duckdb.DuckDBPyConnection]:
+        """Execute `head [WHERE (where)] tail` on a sandboxed connection, yield it for fetching;
+        over `parts` only (default: every part), and within the span `steps` if given."""
         where = (where or "").strip() or None
-        with self._connect() as con, _deadline(con, self.timeout_s):
+        with self._connect(parts, steps) as con, _deadline(con, self.timeout_s):
             try:
                 if where is None:
                     result = con.execute(f"{head} {tail}")
@@ -235,7 +299,7 @@ class RolloutStore:
                     opening = f"{head} WHERE (\n"
                     sql = f"{opening}{where}\n) {tail}"
                     ends_at = len(opening) + len(where)
-                    _check_single_condition(con, sql, f"{head} WHERE (TRUE) {tail}", ends_at)
+                    check_single_condition(con, sql, f"{head} WHERE (TRUE) {tail}", ends_at)
                     result = con.execute(sql)
                 yield result  # inside the try: a streamed result can fail while it is fetched
             except duckdb.InterruptException:
@@ -253,12 +317,12 @@ class RolloutStore:
             except _USER_ERRORS as exc:
                 if where is None:
                     raise self._failed(exc) from None
-                raise UserInputError(_explain(exc), field="where") from None
+                raise UserInputError(explain(exc), field="where") from None
             except duckdb.Error as exc:
                 raise self._failed(exc) from None
 
     def _failed(self, exc: duckdb.Error) -> RecordError:
-        return RecordError(f"run {self.run_id}: rollout query failed: {_first_line(exc)}")
+        return RecordError(f"run {self.run_id}: rollout query failed: {first_line(exc)}")
 
 
 @contextlib.contextmanager
@@ -276,52 +340,6 @@ def _deadline(con: duckdb.DuckDBPyConnection, seconds: float | None) -> Iterator
         timer.cancel()
 
 
-def _check_single_condition(con: duckdb.DuckDBPyConnection, sql: str, reference: str, ends_at: int) -> None:
-    """Refuse WHERE text that changes anything but the WHERE clause (a `)` then UNION, ORDER, ...).
-
-    `ends_at` is where the user's text ends in `sql`: a syntax error past it is reported as an
-    unfinished condition rather than as a token the user never wrote.
-    """
-    if _tree(con, sql, ends_at) != _tree(con, reference, len(reference)):
-        raise UserInputError(
-            "must be one condition on the rollout columns; it may not close the parenthesis "
-            "or add clauses or statements",
-            field="where",
-        )
-
-
-def _tree(con: duckdb.DuckDBPyConnection, sql: str, ends_at: int) -> Any:
-    row = con.execute("SELECT json_serialize_sql($sql)", {"sql": sql}).fetchone()
-    tree: dict[str, Any] = json.loads(row[0]) if row else {"error": True, "error_message": "no parse tree"}
-    if tree.get("error"):
-        message = " ".join(str(tree.get("error_message", "cannot be parsed")).split())
-        position = str(tree.get("position", ""))
-        if position.isdigit() and int(position) > ends_at:
-            message = "it ends too early (an unclosed parenthesis or quote, or a missing operand?)"
-        raise UserInputError(f"not a single SQL condition: {message}", field="where")
-    statements = tree.get("statements", [])
-    if len(statements) != 1:
-        raise UserInputError("must be one condition, not several statements", field="where")
-    node = statements[0].get("node", {})
-    return _without_positions({**node, "where_clause": None})
-
-
-def _without_positions(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _without_positions(v) for k, v in value.items() if k != "query_location"}
-    if isinstance(value, list):
-        return [_without_positions(v) for v in value]
-    return value
-
-
-def _explain(exc: duckdb.Error) -> str:
-    message = _first_line(exc)
-    if isinstance(exc, duckdb.PermissionException):
-        return f"may read only the rollout table, no other files ({message})"
-    hint = [line for line in str(exc).splitlines() if line.startswith("Candidate bindings:")]
-    return f"{message} {hint[0]}" if hint else message
-
-
 def _restore(record: str, rollout_id: str) -> Trajectory:
     try:
         return Trajectory.model_validate_json(record)
@@ -329,65 +347,3 @@ def _restore(record: str, rollout_id: str) -> Trajectory:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "record"
         raise RecordError(f"rollout {rollout_id}: invalid record at {where}: {first['msg']}") from None
-
-
-def _columns(columns: Sequence[str] | str | None) -> tuple[str, ...]:
-    if columns is None:
-        return SUMMARY_COLUMNS
-    names = [c.strip() for c in columns.split(",")] if isinstance(columns, str) else list(columns)
-    names = [c for c in names if c]
-    unknown = [c for c in names if c not in COLUMNS]
-    if unknown or not names:
-        what = f"unknown column {unknown[0]!r}" if unknown else "no columns given"
-        raise UserInputError(f"{what}; known: {', '.join(COLUMNS)}", field="columns")
-    return tuple(names)
-
-
-def _limit(limit: int | None) -> str:
-    if limit is None:
-        return ""
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-        raise UserInputError(f"must be an integer >= 0, not {limit!r}", field="limit")
-    return f" LIMIT {limit}"
-
-
-def _offset(offset: int) -> str:
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise UserInputError(f"must be an integer >= 0, not {offset!r}", field="offset")
-    return f" OFFSET {offset}" if offset else ""
-
-
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
-
-def _sql_type(kind: pa.DataType) -> str:
-    """DuckDB's name for an Arrow type of the rollout schema."""
-    if pa.types.is_map(kind):
-        return f"MAP({_sql_type(kind.key_type)}, {_sql_type(kind.item_type)})"
-    if pa.types.is_list(kind):
-        return f"{_sql_type(kind.value_type)}[]"
-    if pa.types.is_struct(kind):
-        return f"STRUCT({_declared(kind)})"
-    names = {
-        pa.int32(): "INTEGER",
-        pa.int64(): "BIGINT",
-        pa.float64(): "DOUBLE",
-        pa.bool_(): "BOOLEAN",
-        pa.string(): "VARCHAR",
-    }
-    if kind not in names:
-        raise TypeError(f"no DuckDB type for Arrow {kind} in the rollout schema")
-    return names[kind]
-
-
-def _declared(fields: pa.Schema | pa.StructType) -> str:
-    return ", ".join(f"{_quote(f.name)} {_sql_type(f.type)}" for f in fields)

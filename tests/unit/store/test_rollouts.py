@@ -17,11 +17,13 @@ from reprorl.errors import IntegrityError, NotFoundError, RecordError, UserInput
 from reprorl.hashing import content_hash
 from reprorl.store import RunRecord, Store
 from reprorl.store.rollout_query import RolloutStore
+from reprorl.store.rollout_sql import step_windows
 from reprorl.store.rollouts import (
     COLUMNS,
     META_VERSION,
     ROLLOUT_SCHEMA_VERSION,
     SUMMARY_COLUMNS,
+    PartFile,
     RolloutWriter,
     parquet_bytes,
     to_table,
@@ -140,6 +142,45 @@ def test_a_long_lived_store_follows_the_log_and_parses_each_line_once(
     assert rollouts.ledger() == (frozenset(), frozenset())
 
 
+def test_whole_records_are_read_in_windows_of_steps_in_the_same_order(
+    run_dir: Path, written: dict[int, list[Trajectory]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import reprorl.store.rollout_query as rollout_query
+
+    store = RolloutStore(run_dir)
+    whole = [t.rollout_id for t in store.trajectories()]
+    first_two = [t.rollout_id for t in store.trajectories(limit=8)]
+    timed_out = [t.rollout_id for t in store.trajectories("list_contains(tool_outcomes, 'tool_timeout')")]
+    pages = [store.query(limit=4, offset=o) for o in (0, 4, 12, 15)]
+    failed = store.query("reward_total = 0", columns=["rollout_id", "step"])
+    monkeypatch.setattr(rollout_query, "WINDOW_BYTES", 1)  # a window per step
+    monkeypatch.setattr(rollout_query, "WINDOW_FILES", 1)
+    assert [store.query(limit=4, offset=o) for o in (0, 4, 12, 15)] == pages
+    assert [p.num_rows for p in pages] == [4, 4, 3, 0] and store.query(limit=0).num_rows == 0
+    assert store.query("reward_total = 0", columns=["rollout_id", "step"]) == failed
+    assert store.count() == 15 and store.count("reward_total = 0") == failed.num_rows
+    assert len(step_windows(store.parts(), 1)) == 3
+    assert [t.rollout_id for t in store.trajectories()] == whole and len(whole) == 15
+    assert [t.rollout_id for t in store.trajectories(limit=8)] == first_two == whole[:8]
+    assert [t.rollout_id for t in store.trajectories(limit=0)] == []
+    assert [
+        t.rollout_id for t in store.trajectories("list_contains(tool_outcomes, 'tool_timeout')")
+    ] == timed_out
+    # A condition that closes its parenthesis stays inside each window: every row comes once.
+    assert [t.rollout_id for t in store.trajectories("FALSE) OR (TRUE")] == whole
+
+
+def test_windows_spread_a_merged_part_over_its_steps_and_never_split_a_step() -> None:
+    def part(step: int, size: int, last: int | None = None) -> PartFile:
+        return PartFile(Path(f"p{step}"), step, "0" * 64, 1, size, last)
+
+    merged, after = part(0, 100, last=9), part(10, 30)
+    windows = step_windows([merged, part(10, 5), after], 30)
+    assert [span for _, span in windows] == [(0, 2), (3, 5), (6, 8), (9, 10)]
+    assert [len(files) for files, _ in windows] == [1, 1, 1, 3]
+    assert step_windows([merged], 10**9) == [([merged], (0, 9))]
+
+
 def test_a_rollout_stored_in_two_steps_is_reported(
     run_dir: Path, written: dict[int, list[Trajectory]]
 ) -> None:
@@ -185,6 +226,7 @@ import faulthandler, resource, sys
 import duckdb, psutil
 from pathlib import Path
 from reprorl.store.rollout_query import RolloutStore
+from reprorl.store.rollout_sql import step_windows
 faulthandler.enable()  # a crash in native code names where it was
 store = RolloutStore(Path(sys.argv[1]))
 mapped = psutil.Process().memory_info().vms

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from reprorl.envs.sandbox.layout import OWNER_FILE, create_dirs, remove_sandbox_dir
+import pytest
+
+from reprorl.envs.sandbox.layout import OWNER_FILE, create_dirs, reap_sandboxes, remove_sandbox_dir
 
 
 def test_a_removed_root_is_made_again_with_its_mode(tmp_path: Path) -> None:
@@ -20,4 +24,28 @@ def test_a_removed_root_is_made_again_with_its_mode(tmp_path: Path) -> None:
         assert json.loads((dirs.base / OWNER_FILE).read_text())["pid"] == os.getpid()
     finally:
         remove_sandbox_dir(dirs.base)
+    assert not dirs.base.exists()
+
+
+def test_a_dead_pools_sandbox_reaped_by_two_pools_at_once_is_removed_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "sandboxes"
+    _, dirs = create_dirs(root, None)
+    (dirs.work / "left.txt").write_text("x")
+    record = json.loads((dirs.base / OWNER_FILE).read_text())
+    (dirs.base / OWNER_FILE).write_text(json.dumps({**record, "pid": 2**22 + 1}))  # no such process
+    # The other pool removes each entry just before this one gets to it.
+    real_unlink, real_rmdir = os.unlink, os.rmdir
+
+    def raced(real: Callable[..., None]) -> Callable[..., None]:
+        def call(path: Any, *args: Any, **kwargs: Any) -> None:
+            real(path, *args, **kwargs)
+            real(path, *args, **kwargs)  # raises FileNotFoundError, as the loser of the race sees
+
+        return call
+
+    monkeypatch.setattr(os, "unlink", raced(real_unlink))
+    monkeypatch.setattr(os, "rmdir", raced(real_rmdir))
+    assert reap_sandboxes(root) == 1
     assert not dirs.base.exists()

@@ -99,20 +99,26 @@ def remove_sandbox_dir(base: Path) -> None:
 
 
 def remove_tree(path: Path) -> None:
-    """Remove a directory tree even where its owner made parts of it unwritable or unreadable."""
+    """Remove a directory tree even where its owner made parts of it unwritable or unreadable, and
+    where another process removes parts of it at the same time (two pools reaping one dead pool's
+    sandboxes): what is already gone counts as removed."""
 
-    def unlock_and_retry(function: Any, failed: str, _exc: Any) -> None:
+    def unlock_and_retry(function: Any, failed: str, exc: Any) -> None:
+        if isinstance(exc[1], FileNotFoundError):
+            return
         parent = Path(failed).parent
         with contextlib.suppress(OSError):
             parent.chmod(0o700)
         with contextlib.suppress(OSError):
             Path(failed).chmod(0o700)
-        function(failed)
+        with contextlib.suppress(FileNotFoundError):
+            function(failed)
 
-    if path.is_symlink() or path.is_file():
-        path.unlink()
-    elif path.exists():
-        shutil.rmtree(path, onerror=unlock_and_retry)
+    with contextlib.suppress(FileNotFoundError):
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        elif path.exists():
+            shutil.rmtree(path, onerror=unlock_and_retry)
 
 
 def process_start_ticks(pid: int) -> int | None:

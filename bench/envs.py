@@ -17,7 +17,7 @@ ratio to `confined` says how much of what the machine can do with that isolation
 uses; the ratio to `bare`, what the isolation itself costs on top. CPU per episode is split by
 process: this one, the zygote with the sandboxes it reaped, the verifier workers.
 
-    python bench/envs.py [--episodes 256] [--concurrency 256] [--calls 4] [--latency-ms 10]
+    python bench/envs.py [--episodes 256] [--concurrency 256] [--calls 4] [--latency-ms 10] [--warm N]
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def _script(calls: int, ms: int) -> Any:
 
 
 async def _run(
-    episodes: int, concurrency: int, calls: int, ms: int
+    episodes: int, concurrency: int, calls: int, ms: int, warm: int = 0
 ) -> tuple[float, int, Counter[str], dict[str, float]]:
     task = Task(id="t", family="slow", prompt=(Message(role=Role.USER, content="go"),), tools=("lookup",))
     gate = asyncio.Semaphore(concurrency)
@@ -78,6 +78,7 @@ async def _run(
         SandboxPool(
             [__name__ if __name__ != "__main__" else "envs"],
             sys_path=[Path(__file__).parent],
+            warm=warm,
         ) as pool,
         VerifierRunner() as verifiers,
     ):
@@ -287,10 +288,11 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--calls", type=int, default=4)
     parser.add_argument("--latency-ms", type=int, default=10)
+    parser.add_argument("--warm", type=int, default=0, help="sandboxes the pool keeps opened ahead of demand")
     args = parser.parse_args()
     sys.modules.setdefault("envs", sys.modules["__main__"])
     elapsed, ok, failures, spent = asyncio.run(
-        _run(args.episodes, args.concurrency, args.calls, args.latency_ms)
+        _run(args.episodes, args.concurrency, args.calls, args.latency_ms, args.warm)
     )
     rate = args.episodes / elapsed
     bound = args.concurrency / (args.calls * args.latency_ms / 1000)

@@ -361,6 +361,42 @@ def test_closing_the_pool_closes_its_sandboxes(runner: LoopThread) -> None:
         runner.run(sandboxes[1].call(f"{TOOLS}:echo", {"text": "x"}))
 
 
+def test_a_warm_pool_hands_out_opened_sandboxes_once_each_and_refills(runner: LoopThread) -> None:
+    async def settle(pool: SandboxPool) -> None:
+        for _ in range(600):
+            if pool.warm_sandboxes == pool.warm:
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"{pool.warm_sandboxes} of {pool.warm} warm sandboxes after 30 s")
+
+    with running_pool(runner, warm=2) as pool:
+        runner.run(settle(pool))
+        waiting = set(pool._reserve)
+        first = runner.run(pool.open())
+        assert first in waiting and first.waiting  # set up before it was asked for
+        assert call(runner, first, "echo", text="hi").value == "hi" and not first.waiting
+        second = runner.run(pool.open())
+        assert second in waiting and second is not first
+        runner.run(settle(pool))  # refilled in the background
+        assert not waiting & set(pool._reserve)  # never handed out twice
+        # Other limits than the pool's are opened on demand, never from the warm ones.
+        other = runner.run(pool.open(limits=SandboxLimits(cpu_s=3)))
+        assert other not in waiting and other.limits.cpu_s == 3 and pool.warm_sandboxes == 2
+        # A warm sandbox whose process died while it waited is closed, not handed out.
+        doomed = pool._reserve[0]
+        os.kill(doomed._child.pid, signal.SIGKILL)  # type: ignore[union-attr]
+        runner.run(asyncio.wait_for(asyncio.shield(doomed._child.exit), 10))  # type: ignore[union-attr]
+        third = runner.run(pool.open())
+        assert third is not doomed and not doomed.dir.exists() and third.waiting
+        warm = list(pool._reserve)
+        for sandbox in (first, second, other, third):
+            runner.run(sandbox.close())
+    for sandbox in warm:  # closing the pool closes the waiting ones too
+        assert not sandbox.dir.exists()
+        if sandbox.uid is not None:
+            assert uid_processes(sandbox.uid) == []
+
+
 @needs_root
 def test_a_killed_pool_takes_its_sandboxes_with_it_and_leaves_a_dir_to_reap() -> None:
     script = (

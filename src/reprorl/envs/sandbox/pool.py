@@ -14,6 +14,7 @@ it actually got in `Sandbox.isolation`.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import importlib.util
 import os
@@ -75,6 +76,7 @@ class SandboxPool:
         uid_base: int = DEFAULT_UID_BASE,
         max_sandboxes: int = DEFAULT_MAX_SANDBOXES,
         uid_lock_dir: str | Path | None = None,
+        warm: int = 0,
     ) -> None:
         """
         Args:
@@ -93,7 +95,14 @@ class SandboxPool:
             uid_base: First dedicated uid; the pool uses `uid_base .. uid_base + max_sandboxes - 1`.
             max_sandboxes: How many sandboxes may be open at once (dedicated uids available).
             uid_lock_dir: Where uid slot locks live; shared by every pool on the machine.
+            warm: Sandboxes of the default limits kept opened ahead of demand: their directory, uid,
+                namespaces, mounts and limits are set up and their process waits for its first call,
+                so an `open()` takes one at once and the pool opens the next in the background.
+                Each is still used by one episode only; one whose process died while it waited is
+                closed, never handed out. 0 opens every sandbox on demand.
         """
+        if warm < 0:
+            raise ValueError(f"warm must be >= 0, not {warm}")
         self.modules = tuple(modules)
         given = [str(Path(p).resolve()) for p in sys_path]
         self.sys_path = tuple(dict.fromkeys([*given, *module_roots(self.modules)]))
@@ -113,6 +122,10 @@ class SandboxPool:
         self._sandboxes: set[Sandbox] = set()
         self._started = False
         self._closed = False
+        self.warm = warm
+        self.warm_failures = 0  # background opens that failed (the next open() opens on demand)
+        self._reserve: collections.deque[Sandbox] = collections.deque()
+        self._filling: set[asyncio.Task[None]] = set()
 
     async def start(self) -> SandboxPool:
         """Prepare the root, reap sandboxes of dead pools, and start the zygote."""
@@ -123,6 +136,7 @@ class SandboxPool:
         self._zygote = ZygoteClient(self.modules, self.sys_path)
         await self._zygote.start()
         self._started = True
+        self._top_up()
         return self
 
     def open(self, *, limits: SandboxLimits | None = None) -> OpeningSandbox:
@@ -131,13 +145,23 @@ class SandboxPool:
 
     @property
     def open_sandboxes(self) -> int:
+        """Sandboxes whose process and directory exist now, the warm ones waiting included."""
         return len(self._sandboxes)
+
+    @property
+    def warm_sandboxes(self) -> int:
+        """Sandboxes opened ahead of demand and waiting for an episode."""
+        return len(self._reserve)
 
     async def aclose(self) -> None:
         """Close every open sandbox, then stop the zygote."""
         if self._closed:
             return
         self._closed = True
+        for task in self._filling:
+            task.cancel()
+        await asyncio.gather(*self._filling, return_exceptions=True)
+        self._reserve.clear()
         outcomes = await asyncio.gather(*(s.close() for s in list(self._sandboxes)), return_exceptions=True)
         if self._zygote is not None:
             await self._zygote.stop()
@@ -184,6 +208,36 @@ class SandboxPool:
     async def _open(self, limits: SandboxLimits) -> Sandbox:
         if self._closed or not self._started:
             raise SandboxError("the sandbox pool is not running; use `async with SandboxPool(...)`")
+        if limits == self.limits:
+            while self._reserve:
+                sandbox = self._reserve.popleft()
+                self._top_up()
+                if sandbox.waiting:
+                    return sandbox
+                with contextlib.suppress(SandboxError):
+                    await sandbox.close()  # its process died while it waited: never handed out
+        return await self._open_now(limits)
+
+    def _top_up(self) -> None:
+        """Start background opens until `warm` sandboxes are waiting or being opened."""
+        while not self._closed and len(self._reserve) + len(self._filling) < self.warm:
+            task = asyncio.get_running_loop().create_task(self._fill())
+            self._filling.add(task)
+            task.add_done_callback(self._filling.discard)
+
+    async def _fill(self) -> None:
+        try:
+            sandbox = await self._open_now(self.limits)
+        except (SandboxError, OSError):
+            self.warm_failures += 1  # e.g. no uid free: the next open() opens on demand and says why
+            return
+        if self._closed:
+            with contextlib.suppress(SandboxError):
+                await sandbox.close()
+            return
+        self._reserve.append(sandbox)
+
+    async def _open_now(self, limits: SandboxLimits) -> Sandbox:
         slot = self._slots.acquire() if self.dedicated_uids else None
         try:
             sandbox_id, dirs = create_dirs(self.root, slot)

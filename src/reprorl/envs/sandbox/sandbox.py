@@ -106,6 +106,18 @@ class Sandbox:
     def has_snapshot(self) -> bool:
         return self._has_snapshot
 
+    @property
+    def waiting(self) -> bool:
+        """Open, never called, and its process still alive: what a warm sandbox must be to be handed out."""
+        child = self._child
+        return (
+            self._state == "open"
+            and self._call_ids == 0
+            and child is not None
+            and not child.abandoned
+            and not child.exit.done()
+        )
+
     def info(self) -> dict[str, Any]:
         """A JSON-able record of this sandbox's conditions, for the trajectory."""
         return {

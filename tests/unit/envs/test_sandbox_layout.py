@@ -11,7 +11,14 @@ from typing import Any
 
 import pytest
 
-from reprorl.envs.sandbox.layout import OWNER_FILE, create_dirs, reap_sandboxes, remove_sandbox_dir
+from reprorl.envs.sandbox.layout import (
+    OWNER_FILE,
+    create_dirs,
+    reap_sandboxes,
+    remove_sandbox_dir,
+    try_lock,
+    unlock,
+)
 
 
 def test_a_removed_root_is_made_again_with_its_mode(tmp_path: Path) -> None:
@@ -49,3 +56,24 @@ def test_a_dead_pools_sandbox_reaped_by_two_pools_at_once_is_removed_once(
     monkeypatch.setattr(os, "rmdir", raced(real_rmdir))
     assert reap_sandboxes(root) == 1
     assert not dirs.base.exists()
+
+
+def test_a_uid_slots_state_is_kept_in_its_lock_file_across_holders(tmp_path: Path) -> None:
+    lock = tmp_path / "2000000.lock"
+    slot = try_lock(2_000_000, lock)
+    assert slot is not None and not slot.needs_purge  # an empty file: no pool ever used the uid
+    assert try_lock(2_000_000, lock) is None  # held
+    assert lock.read_bytes() == b"dirty"
+    unlock(slot, clean=True)
+    assert lock.read_bytes() == b"clean"
+    slot = try_lock(2_000_000, lock)
+    assert slot is not None and not slot.needs_purge
+    unlock(slot, clean=False)  # processes of it may have survived: the next holder purges first
+    slot = try_lock(2_000_000, lock)
+    assert slot is not None and slot.needs_purge
+    unlock(slot, clean=True)
+    lock.write_bytes(b"something else, and longer")
+    slot = try_lock(2_000_000, lock)
+    assert slot is not None and slot.needs_purge and lock.read_bytes() == b"dirty"
+    unlock(slot, clean=True)
+    assert lock.read_bytes() == b"clean"

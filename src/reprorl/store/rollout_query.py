@@ -3,9 +3,11 @@
 Every query re-lists the run's part files, verifies each one (checksum, schema version, run and step;
 a file is re-hashed only when its inode, size or mtime changed since this store last checked it),
 and opens a fresh in-memory DuckDB connection whose only view is `rollouts` over exactly those
-files. External access is then switched off and the configuration locked, so user SQL can neither
-read other files nor write any. A user's WHERE text must be one expression: the query is parsed
-with and without it, and the two trees may differ only in the WHERE clause.
+files (over a window of consecutive steps at a time where the run has many files or whole records
+are read: `rollout_sql.step_windows`). External access is then switched off and the configuration
+locked, so user SQL can neither read other files nor write any. A user's WHERE text must be one
+expression: the query is parsed with and without it, and the two trees may differ only in the WHERE
+clause.
 """
 
 from __future__ import annotations
@@ -161,9 +163,15 @@ class RolloutStore:
         selected = column_list(columns)
         limit_clause(limit), offset_clause(offset)  # refused before anything is read
         sql = f"SELECT {', '.join(quote(c) for c in selected)} FROM {VIEW}"
+        windows = self._windows(None)
+        if len(windows) == 1:  # the engine skips the offset itself
+            files, steps = windows[0]
+            tail = f"{ORDER}{limit_clause(limit)}{offset_clause(offset)}"
+            with self._run(sql, where, tail, parts=files, steps=steps) as result:
+                return result.to_arrow_table()
         need = None if limit is None else offset + limit
         tables: list[pa.Table] = []
-        for files, steps in self._windows(None):
+        for files, steps in windows:
             held = sum(t.num_rows for t in tables)
             if tables and need is not None and held >= need:
                 break

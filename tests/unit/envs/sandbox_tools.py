@@ -64,5 +64,10 @@ def run_python(ctx: Any, code: str) -> str:
     return str(scope["result"])
 
 
+def loaded(ctx: Any, name: str) -> str:
+    """Whether the sandbox's interpreter (a fork of the zygote) has imported module `name`."""
+    return str(name in sys.modules)
+
+
 def whoami(ctx: Any) -> str:
     return f"{os.getuid()} {os.getgid()} {os.getpid()} {os.getpgid(0)} {Path.cwd()}"

@@ -361,6 +361,25 @@ def test_closing_the_pool_closes_its_sandboxes(runner: LoopThread) -> None:
         runner.run(sandboxes[1].call(f"{TOOLS}:echo", {"text": "x"}))
 
 
+def test_the_zygote_runs_the_public_api_only_for_a_tool_module_that_reads_it(runner: LoopThread) -> None:
+    with running_pool(runner) as pool:
+        sandbox = runner.run(pool.open())
+        # The package's own __init__ (and the store it imports) never ran: forks stay small.
+        assert call(runner, sandbox, "loaded", name="reprorl.store").value == "False"
+        assert call(runner, sandbox, "loaded", name="reprorl.envs.sandbox.child").value == "True"
+    with sandbox_root() as root:
+        public = SandboxPool(["public_api_tools"], sys_path=[TOOLS_DIR], root=root)
+        runner.run(public.start())
+        try:
+            sandbox = runner.run(public.open())
+            result = runner.run(sandbox.call("public_api_tools:train_split", {}))
+            assert result.ok and result.value == "train"
+            loaded = runner.run(sandbox.call("public_api_tools:loaded", {"name": "reprorl.store"}))
+            assert loaded.value == "True"
+        finally:
+            runner.run(public.aclose())
+
+
 def test_a_warm_pool_hands_out_opened_sandboxes_once_each_and_refills(runner: LoopThread) -> None:
     async def settle(pool: SandboxPool) -> None:
         for _ in range(600):

@@ -1,12 +1,13 @@
 """The zygote: a clean interpreter that pre-imports tool code once and forks confined sandboxes from it.
 
-Run as `python -m reprorl.envs.sandbox.worker --fd N`, where N is a SOCK_SEQPACKET control socket
-to the pool. It receives only code to import and requests (spawn, kill, snapshot), never task data
-or secrets, so nothing a sandbox inherits from it is worth stealing. Forking from it costs a few
-milliseconds where starting an interpreter would cost hundreds. It is a child subreaper, so
-orphans of sandboxes are re-parented to it and reaped here rather than piling up as zombies that
-would keep counting against their uid's process limit. When the pool goes away (EOF on the control
-socket) it kills every sandbox it started and exits.
+Run as `python -m reprorl.envs.sandbox.worker --fd N` (the pool starts it through `zygote.LEAN_START`,
+which leaves `reprorl/__init__.py` unrun until a tool module reads a name from it), where N is a
+SOCK_SEQPACKET control socket to the pool. It receives only code to import and requests (spawn, kill,
+snapshot), never task data or secrets, so nothing a sandbox inherits from it is worth stealing. Forking
+from it costs a few milliseconds where starting an interpreter would cost hundreds. It is a child
+subreaper, so orphans of sandboxes are re-parented to it and reaped here rather than piling up as
+zombies that would keep counting against their uid's process limit. When the pool goes away (EOF on the
+control socket) it kills every sandbox it started and exits.
 """
 
 from __future__ import annotations

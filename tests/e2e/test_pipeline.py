@@ -102,7 +102,7 @@ async def _reference_sync(store: Store, spec: RunSpec, run_id: str) -> tuple[lis
                 for t in result.trajectories
             ]
             data, _ = group_data(result.trajectories, learning)
-            trainer.forward_backward(prepare(trainer, data, learning, None), loss)
+            trainer.forward_backward(prepare(trainer, data, loss, None), loss)
             trainer.optim_step(AdamParams(lr=learning_rate(learning, step)))
     return sorted(rows), trained_version(trainer)
 

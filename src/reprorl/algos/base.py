@@ -47,6 +47,12 @@ class Loss(Protocol):
     name: str
     mean: Mean
 
+    @property
+    def inert_at_zero_advantage(self) -> bool:
+        """True when a sequence whose advantage is 0 adds exactly nothing to the loss or its gradient
+        (no KL or entropy term): the trainer then skips it, though it still counts in the mean."""
+        ...
+
     def __call__(self, logprobs: torch.Tensor, batch: TokenBatch) -> LossOutput: ...
 
 

@@ -72,6 +72,11 @@ class Corrected:
         self.correction = correction or TruncatedIS(2.0)
         self.kl_coef, self.kl_estimator = kl_coef, kl_estimator
 
+    @property
+    def inert_at_zero_advantage(self) -> bool:
+        # Every term but the KL penalty is a product with the advantage.
+        return self.kl_coef == 0
+
 
 def token_weight_metrics(
     weights: torch.Tensor, proximal: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor

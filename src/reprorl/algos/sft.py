@@ -23,6 +23,7 @@ class CrossEntropy:
 
     name = "cross_entropy"
     mean: Mean = "token"
+    inert_at_zero_advantage = False  # demonstrations carry no advantage: every one is learned
 
     def __call__(self, logprobs: torch.Tensor, batch: TokenBatch) -> LossOutput:
         loss = -masked_mean(logprobs, batch.mask)

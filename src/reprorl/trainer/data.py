@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reprorl.algos.base import TokenBatch
+from reprorl.algos.base import Loss, TokenBatch
 from reprorl.types import Trajectory
 
 
@@ -40,6 +40,12 @@ class Datum:
                 raise ValueError("proximal and reference logprobs must have one entry per token")
         if len(self.input_ids) < 2:
             raise ValueError("a training sequence needs at least two tokens")
+
+
+def inert(datum: Datum, loss: Loss) -> bool:
+    """Whether `datum` adds nothing to `loss` or its gradient (advantage 0 under a loss that is a
+    product with the advantage): it is not run, and it still counts in the loss's mean."""
+    return datum.advantage == 0.0 and bool(getattr(loss, "inert_at_zero_advantage", False))
 
 
 def from_trajectory(trajectory: Trajectory, advantage: float = 0.0) -> Datum:

@@ -24,9 +24,12 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from reprorl.algos.base import Loss, TokenBatch
 from reprorl.config.spec import LoraAdapter
 from reprorl.policy import LoadedModel, apply_lora_spec, save_adapter, save_model, tensors_hash, tree_hash
-from reprorl.trainer.data import Datum, collate
+from reprorl.trainer.data import Datum, collate, inert
 from reprorl.trainer.device import pick_device
 
+# What a loss reports of its own value: zero on a row it is inert on, so summed over the rows run
+# with each one's share of the whole batch they are the whole batch's.
+LOSS_VALUES = frozenset({"loss", "pg_loss", "nll"})
 # Rows sharing a shorter prefix than this are run whole: a separate pass would cost more than it saves.
 MIN_SHARED_PREFIX = 16
 
@@ -210,19 +213,26 @@ class LocalTrainer:
     def forward_backward(self, data: Sequence[Datum], loss: Loss) -> dict[str, float]:
         """Accumulate the gradient of `loss` over `data`, averaged as the loss says (`loss.mean`):
         split into micro-batches, each one's loss is weighted by its share of the batch's learned
-        tokens, or of its sequences that have one, so the sum is the loss of the whole batch."""
+        tokens, or of its sequences that have one, so the sum is the loss of the whole batch.
+
+        Rows the loss is inert on (advantage 0 under a loss without a KL term) are not run: they add
+        nothing to the loss or the gradient, and they still count in its mean. The loss's own values
+        (`loss`, `pg_loss`, `nll`) are then the whole batch's, exactly; its other figures (clip
+        fractions, importance weights, KL to the reference) and `entropy` are over the rows run.
+        """
         if not data:
             raise ValueError("forward_backward needs at least one datum")
         self.model.train()
         total = sum(sum(d.mask[1:]) for d in data)
         if total <= 0:
             raise ValueError("the batch has no tokens to learn from (every mask is 0)")
+        run = [d for d in data if not inert(d, loss)]
         weight = _token_weight if loss.mean == "token" else _sequence_weight
-        whole = weight(data)
+        whole, ran = weight(data), weight(run)
         metrics: dict[str, float] = {}
         entropy_sum, positions = 0.0, 0
-        for start in range(0, len(data), self.micro_batch):
-            chunk = data[start : start + self.micro_batch]
+        for start in range(0, len(run), self.micro_batch):
+            chunk = run[start : start + self.micro_batch]
             share = weight(chunk) / whole
             if share == 0:
                 continue
@@ -232,9 +242,13 @@ class LocalTrainer:
             out = loss(logprobs, batch)
             (out.loss * share).backward()  # type: ignore[no-untyped-call]
             for key, value in out.metrics.items():
-                metrics[key] = metrics.get(key, 0.0) + value * (1.0 if key == "tokens" else share)
+                scale = 1.0 if key == "tokens" else share if key in LOSS_VALUES else weight(chunk) / ran
+                metrics[key] = metrics.get(key, 0.0) + value * scale
         metrics["loss"] = metrics.get("nll", metrics.get("loss", 0.0))
-        metrics["entropy"] = entropy_sum / total
+        learned = _token_weight(run)
+        if learned > 0:
+            metrics["entropy"] = entropy_sum / learned
+        metrics["skipped_rows"] = float(len(data) - len(run))
         # The update's FLOP bound: a forward pass costs 2 FLOPs per weight and token, the backward
         # pass 2 more for the activations' gradients and, where every weight learns, 2 more for theirs.
         per_token = (4 if self.trains_adapter else 6) * self.matmul_params

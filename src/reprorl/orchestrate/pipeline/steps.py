@@ -30,6 +30,7 @@ from reprorl.config.spec import LearningSpec
 from reprorl.rollout.scoring import counted
 from reprorl.rollout.stats import ToolStats
 from reprorl.trainer import Datum, LocalTrainer, sequences, with_logprobs
+from reprorl.trainer.data import inert
 from reprorl.trainer.ewma import EWMAWeights
 from reprorl.types import Trajectory
 
@@ -92,17 +93,21 @@ def group_data(
     return data, {"zero_variance_groups": float(zero), "zero_variance_share": zero / max(len(groups), 1)}
 
 
-def prepare(
-    trainer: LocalTrainer, data: list[Datum], learning: LearningSpec, ewma: EWMAWeights | None
-) -> list[Datum]:
+def prepare(trainer: LocalTrainer, data: list[Datum], loss: Loss, ewma: EWMAWeights | None) -> list[Datum]:
     """Attach what the loss reads besides the behaviour logprobs: π_prox (EWMA) and π_ref (for KL).
 
     The reference logprobs are computed whatever the KL coefficient, so KL to the base is always a
-    health metric; with an estimator set they also enter the loss.
+    health metric; with an estimator set they also enter the loss. Rows the loss is inert on get
+    neither: the trainer does not run them.
     """
-    proximal = ewma.proximal_logprobs(trainer, data) if ewma is not None else None
-    reference = trainer.reference_logprobs(data) if trainer.reference_available else None
-    return with_logprobs(data, proximal=proximal, reference=reference)
+    run = [i for i, d in enumerate(data) if not inert(d, loss)]
+    live = [data[i] for i in run]
+    proximal = ewma.proximal_logprobs(trainer, live) if ewma is not None and live else None
+    reference = trainer.reference_logprobs(live) if trainer.reference_available and live else None
+    out = list(data)
+    for i, d in zip(run, with_logprobs(live, proximal=proximal, reference=reference), strict=True):
+        out[i] = d
+    return out
 
 
 def health(trajectories: Sequence[Trajectory]) -> dict[str, Any]:

@@ -20,10 +20,12 @@ sign flips), and a last line per family pools the margin over the seeds (pairs a
 Run it alone: torch processes sharing two cores with two threads each wait on each other. With
 `--keep DIR`, a run whose exact spec already succeeded in DIR is read back instead of trained again.
 Every measured run is also appended to a ledger (`--ledger`, by default `bench/results/learning.jsonl`,
-kept in the repository): one line per run with its spec hash, the commit and date it was measured at,
-its per-task held-out success and its CPU minutes. A run whose spec hash the ledger holds is read
-from there instead of trained, so a table is built over several sittings (one seed or family at a
-time) and the pooled line covers them all; each row names the commit that measured it.
+kept in the repository): one line per run with its spec hash and recipe key (the hash of the fields
+set to other than their defaults, which a new spec field leaves alone), the commit and date it was
+measured at, its per-task held-out success and its CPU minutes. A run whose spec hash or recipe key
+the ledger holds is read from there instead of trained, so a table is built over several sittings
+(one seed or family at a time) and the pooled line covers them all; each row names the commit that
+measured it.
 `--no-train` prints only what the ledger holds.
 
     .venv/bin/python bench/learning.py [--families calc sql files mixed] [--seeds 0 1 2] [--control sft]
@@ -47,11 +49,12 @@ import torch
 from sampling import matmul_flops
 
 from reprorl.config import RunSpec, load_spec, resolve_spec
+from reprorl.config.load import stored_spec
 from reprorl.envs.families import calculator, files, sql
 from reprorl.evaluation import intervals_overlap
 from reprorl.evaluation.metrics import task_interval
 from reprorl.evaluation.stats import Estimate, PairedDifference, paired_difference
-from reprorl.hashing import derive_seed
+from reprorl.hashing import content_hash, derive_seed
 from reprorl.orchestrate.jobs.train import train_run
 from reprorl.orchestrate.run.outcome import suite_points
 from reprorl.policy.gguf import bundled_gguf
@@ -84,6 +87,9 @@ class Measured:
     update_s: float | None = None
     update_flops: float | None = None
     compute_dtype: str | None = None
+    # The spec's fields that differ from their defaults, hashed (`recipe_key`): unlike the spec hash,
+    # which covers every default, it survives a new spec field whose default changes nothing.
+    recipe: str | None = None
 
 
 def code_state(record: RunRecord) -> str:
@@ -94,12 +100,17 @@ def code_state(record: RunRecord) -> str:
     return commit + ("+dirty" if state.get("dirty") else "")
 
 
+def recipe_key(spec: RunSpec) -> str:
+    """The hash of what `spec` sets to other than its defaults."""
+    return content_hash(spec.model_dump(mode="json", exclude_defaults=True))
+
+
 def read_ledger(path: Path) -> dict[str, Measured]:
-    """spec hash -> the run measured with it (the latest line wins)."""
+    """Spec hash and recipe key -> the run measured with it (the latest line wins)."""
     if not path.exists():
         return {}
     runs = [Measured(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
-    return {m.spec_hash: m for m in runs}
+    return {key: m for m in runs for key in (m.spec_hash, m.recipe) if key is not None}
 
 
 def append_ledger(path: Path, measured: Measured) -> None:
@@ -181,14 +192,19 @@ def finished(store: Store, spec: RunSpec) -> RunRecord | None:
     """A succeeded run of exactly `spec` already in `store` (a `--keep` directory run before)."""
     for run_id in iter_runs(store):
         record = RunRecord(store, run_id)
-        if record.info().get("spec_hash") == spec.spec_hash() and record.status()["status"] == "succeeded":
+        if record.status()["status"] != "succeeded":
+            continue
+        if record.info().get("spec_hash") == spec.spec_hash() or recipe_key(
+            stored_spec(record.spec())
+        ) == recipe_key(spec):
             return record
     return None
 
 
 async def run(store: Store, spec: RunSpec, ledger: Path, train: bool) -> Measured | None:
     """The run of `spec`: from the ledger, else from the store, else trained (unless not `train`)."""
-    known = read_ledger(ledger).get(spec.spec_hash())
+    ledger_lines = read_ledger(ledger)
+    known = ledger_lines.get(spec.spec_hash()) or ledger_lines.get(recipe_key(spec))
     if known is not None:
         return known
     record = finished(store, spec)
@@ -212,6 +228,7 @@ async def run(store: Store, spec: RunSpec, ledger: Path, train: bool) -> Measure
         update_s=update_s,
         update_flops=update_flops,
         compute_dtype=compute_dtype,
+        recipe=recipe_key(spec),
     )
     append_ledger(ledger, measured)
     return measured

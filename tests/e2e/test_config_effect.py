@@ -136,6 +136,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "learning.sft_lr": 2e-3,
         "learning.sft_batch_size": 2,
         "learning.sft_imperfect_fraction": 0.5,
+        "learning.sft_demonstrations": 3,
         "learning.tool_alarm_steps": 1,
         "evaluation.suites": ["calc-eval", "calc-eval-short"],
         "evaluation.every_steps": 2,

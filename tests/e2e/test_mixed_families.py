@@ -86,13 +86,18 @@ def test_weights_that_do_not_fit_the_train_set_are_refused_before_anything_is_wr
     line = cli.error("run", str(spec))
     assert "data.family_weights" in line and "sql" in line and "tasks merge" in line
     assert run_ids(home) == []
+    spec.write_text(tiny_spec("bad", learning={"sft_steps": 1, "sft_demonstrations": 100000}))
+    line = cli.error("run", str(spec))
+    assert "learning.sft_demonstrations" in line and "at most" in line
+    assert run_ids(home) == []
 
 
 def test_an_sft_only_run_is_measured_at_step_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     home = _home(tmp_path)
     cli = Cli(home, capsys)
     spec = tmp_path / "sft.toml"
-    spec.write_text(tiny_spec("sft-only", learning={"steps": 0, "sft_steps": 3, "sft_batch_size": 2}))
+    learning = {"steps": 0, "sft_steps": 3, "sft_batch_size": 2, "sft_demonstrations": 5}
+    spec.write_text(tiny_spec("sft-only", learning=learning))
     code, _, err = cli("run", str(spec))
     assert code == 0, err
     (run,) = run_ids(home)
@@ -105,3 +110,7 @@ def test_an_sft_only_run_is_measured_at_step_0(tmp_path: Path, capsys: pytest.Ca
     assert {m["step"] for m in metrics if m.get("stage") == "eval"} == {0}
     assert RolloutStore(record).count("split = 'train'") == 0
     assert (record.path / "adapter" / "adapter_model.safetensors").is_file()
+    # The warm start demonstrated the 5 train tasks its seed drew, and says which.
+    (done,) = [e for e in record.events().records if e["event"] == "sft_done"]
+    train = {t.id for t in Store(home).taskset(record.spec()["data"]["train"]).tasks}
+    assert len(set(done["demonstrated"])) == 5 and set(done["demonstrated"]) <= train

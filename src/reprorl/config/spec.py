@@ -352,6 +352,13 @@ class LearningSpec(SpecModel):
     sft_imperfect_fraction: float = Field(
         default=0.0, ge=0.0, le=1.0, description="Share of SFT demos made deliberately wrong."
     )
+    sft_demonstrations: int | None = Field(
+        default=None,
+        ge=1,
+        description="How many train tasks get an oracle demonstration for the warm start, drawn with "
+        "the run's seed (recorded in the sft_done event); None: every one. RL still draws from every "
+        "train task: its verifier scores tasks nobody demonstrated.",
+    )
 
 
 class RollbackRule(SpecModel):

@@ -28,7 +28,12 @@ from reprorl.orchestrate.run.exhaustion import CallbackExhaustion, exhausted
 from reprorl.orchestrate.run.judge_reward import check_judge, record_judge
 from reprorl.orchestrate.run.launch import create_run
 from reprorl.orchestrate.run.policies import chat_template_text, load_run_base
-from reprorl.orchestrate.run.preflight import check_family_weights, check_run_leakage, record_leakage
+from reprorl.orchestrate.run.preflight import (
+    check_demonstrations,
+    check_family_weights,
+    check_run_leakage,
+    record_leakage,
+)
 from reprorl.orchestrate.run.setup import build_trainer
 from reprorl.orchestrate.run.signal_pool import register_signal_tasks
 from reprorl.store import RunRecord, Store
@@ -144,6 +149,7 @@ def prepare_run(store: Store, spec: RunSpec) -> RunRecord:
         )
     leakage = check_run_leakage(store, spec)
     check_family_weights(store, spec)
+    check_demonstrations(store, spec)
     judge = check_judge(store, spec)
     chat_template_text(store, spec)  # a template that cannot be read is refused before any record
     record = create_run(spec, store)

@@ -113,6 +113,7 @@ READ_BY_LOOP = (
     "sft_lr",
     "sft_batch_size",
     "sft_imperfect_fraction",
+    "sft_demonstrations",
     "tool_alarm_steps",
 )
 

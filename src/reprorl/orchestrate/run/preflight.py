@@ -60,6 +60,20 @@ def _digest(ref: str) -> str:
     return ref.rsplit("@", 1)[-1]
 
 
+def check_demonstrations(store: Store, spec: RunSpec) -> None:
+    """`learning.sft_demonstrations` asks for no more demonstrations than the train split has tasks."""
+    count = spec.learning.sft_demonstrations
+    if count is None or not spec.learning.sft_steps:
+        return
+    tasks = len(store.taskset(str(spec.data.train)).split(Split.TRAIN))
+    if count > tasks:
+        raise UserInputError(
+            f"{count} demonstrations asked for, but {spec.data.train} has {tasks} train tasks; set it "
+            f"to at most {tasks}, or leave it out to demonstrate every task",
+            field="learning.sft_demonstrations",
+        )
+
+
 def check_family_weights(store: Store, spec: RunSpec) -> None:
     """`data.family_weights` names exactly the env families of the train split (0 leaves one out)."""
     weights = spec.data.family_weights

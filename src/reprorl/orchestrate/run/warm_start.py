@@ -85,9 +85,10 @@ async def warm_start_run(
     of its train tasks, each step's loss logged (`stage = "sft"`), and an `sft_done` event."""
     learning, started = spec.learning, time.perf_counter()
     shutil.rmtree(record.path / "sft-adapter", ignore_errors=True)  # a killed earlier attempt
+    demonstrated = demonstrated_tasks(tasks, learning.sft_demonstrations, spec.seed)
     warm = await sft_warm_start(
         loaded,
-        tasks,
+        demonstrated,
         LoraAdapter(),  # unused: the run's own trainer is passed in
         record.path / "sft-adapter",
         steps=learning.sft_steps,
@@ -98,7 +99,23 @@ async def warm_start_run(
         on_step=_step_logger(record),
         trainer=trainer,
     )
-    record.event("sft_done", adapter=warm.adapter_hash, seconds=time.perf_counter() - started)
+    record.event(
+        "sft_done",
+        adapter=warm.adapter_hash,
+        seconds=time.perf_counter() - started,
+        demonstrated=[t.id for t in demonstrated],
+    )
+
+
+def demonstrated_tasks(tasks: Sequence[Task], count: int | None, seed: int) -> list[Task]:
+    """The train tasks the warm start demonstrates (`learning.sft_demonstrations`): all of them, or
+    `count` drawn with the run's seed, in the train set's order."""
+    if count is None:
+        return list(tasks)
+    if count > len(tasks):  # refused before the run's record is made (`check_demonstrations`)
+        raise ValueError(f"{count} demonstrations asked for, of {len(tasks)} train tasks")
+    picked = set(random.Random(derive_seed(seed, "sft-demonstrations")).sample(range(len(tasks)), count))
+    return [t for i, t in enumerate(tasks) if i in picked]
 
 
 def _step_logger(record: RunRecord) -> Callable[[int, float], None]:

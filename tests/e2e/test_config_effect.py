@@ -164,6 +164,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         },
         "learning.loss": {"kind": "ppo_ewma", "ewma_decay": 0.8, "clip_low": 0.1, "clip_high": 0.2},
         "learning.pipeline.max_staleness": 1,
+        "learning.kl.monitor_every": 2,
         "learning.pipeline.source": "arrival",
         "learning.pipeline.workers": 2,
     },

@@ -214,6 +214,17 @@ class KLPenalty(SpecModel):
         default="off", description="Estimator of KL(pi || ref) used in the loss; 'off' = none."
     )
     coef: float = Field(default=0.0, ge=0.0, description="Weight of the KL term in the loss.")
+    monitor_every: int = Field(
+        default=1,
+        ge=0,
+        description="With no KL term (coef 0), measure KL to the reference (train/kl_k3, a health "
+        "metric) every this many steps; each costs a forward pass of the reference over the batch, "
+        "about half the update's FLOPs. 0: never. With a KL term it is measured every step.",
+    )
+
+    def measured_at(self, step: int) -> bool:
+        """Whether the update of `step` computes the reference's logprobs."""
+        return self.coef > 0 or (self.monitor_every > 0 and step % self.monitor_every == 0)
 
     @model_validator(mode="after")
     def _coef_needs_estimator(self) -> KLPenalty:

@@ -7,7 +7,7 @@ import dataclasses
 import torch
 
 from reprorl.algos import GSPO, CrossEntropy, NoCorrection, PPOClip
-from reprorl.config.spec import LoraAdapter
+from reprorl.config.spec import KLPenalty, LoraAdapter
 from reprorl.orchestrate.pipeline.steps import prepare
 from reprorl.policy import tiny_model
 from reprorl.trainer import Datum, LocalTrainer
@@ -74,3 +74,11 @@ def test_only_rows_that_run_get_reference_logprobs() -> None:
     assert [d.input_ids for d in prepared] == [d.input_ids for d in DATA]
     every = prepare(trainer, list(DATA), PPOClip(correction=NoCorrection(), kl_coef=0.1), None)
     assert all(d.reference_logprobs is not None for d in every)
+    skipped = prepare(trainer, list(DATA), PPOClip(correction=NoCorrection()), None, reference=False)
+    assert all(d.reference_logprobs is None for d in skipped)
+
+
+def test_kl_to_the_reference_is_measured_every_step_with_a_kl_term_else_every_monitor_every() -> None:
+    assert [KLPenalty(monitor_every=3).measured_at(s) for s in range(7)] == [1, 0, 0, 1, 0, 0, 1]
+    assert not any(KLPenalty(monitor_every=0).measured_at(s) for s in range(7))
+    assert all(KLPenalty(estimator="k3", coef=0.1, monitor_every=0).measured_at(s) for s in range(7))

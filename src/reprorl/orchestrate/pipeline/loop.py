@@ -286,7 +286,7 @@ class TrainLoop:
         if not data:
             return {}
         learning = self.learning
-        data = prepare(self.trainer, data, self.loss, self.ewma)
+        data = prepare(self.trainer, data, self.loss, self.ewma, reference=learning.kl.measured_at(step))
         started = time.perf_counter()
         train = self.trainer.forward_backward(data, self.loss)
         train.update(self.trainer.optim_step(AdamParams(lr=learning_rate(learning, step))))

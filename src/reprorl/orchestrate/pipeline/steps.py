@@ -93,19 +93,21 @@ def group_data(
     return data, {"zero_variance_groups": float(zero), "zero_variance_share": zero / max(len(groups), 1)}
 
 
-def prepare(trainer: LocalTrainer, data: list[Datum], loss: Loss, ewma: EWMAWeights | None) -> list[Datum]:
+def prepare(
+    trainer: LocalTrainer, data: list[Datum], loss: Loss, ewma: EWMAWeights | None, *, reference: bool = True
+) -> list[Datum]:
     """Attach what the loss reads besides the behaviour logprobs: π_prox (EWMA) and π_ref (for KL).
 
-    The reference logprobs are computed whatever the KL coefficient, so KL to the base is always a
-    health metric; with an estimator set they also enter the loss. Rows the loss is inert on get
-    neither: the trainer does not run them.
+    The reference logprobs are computed where `reference` says (`KLPenalty.measured_at`): every step
+    with a KL term, where they enter the loss, and every `monitor_every` steps without, where KL to
+    the base is a health metric. Rows the loss is inert on get neither: the trainer does not run them.
     """
     run = [i for i, d in enumerate(data) if not inert(d, loss)]
     live = [data[i] for i in run]
     proximal = ewma.proximal_logprobs(trainer, live) if ewma is not None and live else None
-    reference = trainer.reference_logprobs(live) if trainer.reference_available and live else None
+    base = trainer.reference_logprobs(live) if reference and trainer.reference_available and live else None
     out = list(data)
-    for i, d in zip(run, with_logprobs(live, proximal=proximal, reference=reference), strict=True):
+    for i, d in zip(run, with_logprobs(live, proximal=proximal, reference=base), strict=True):
         out[i] = d
     return out
 

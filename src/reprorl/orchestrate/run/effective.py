@@ -190,6 +190,7 @@ def _learning(loop: TrainLoop, runner: RolloutRunner) -> dict[str, Any]:
         **_loss_fields(loss, learning, loop.ewma),
         "learning.kl.coef": getattr(holder, "kl_coef", None),
         "learning.kl.estimator": getattr(holder, "kl_estimator", None) if learning.kl.coef > 0 else "off",
+        "learning.kl.monitor_every": learning.kl.monitor_every,  # read by the loop's updates
         "learning.correction": CORRECTIONS.get(type(correction), "none"),
         "learning.tis_cap": getattr(correction, "cap", learning.tis_cap),
         "learning.temperature": runner.params.temperature,

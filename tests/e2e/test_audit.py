@@ -162,6 +162,7 @@ def test_a_recorded_run_passes_all_ten_questions_each_with_evidence(trained: Pat
     assert all(a.evidence and not a.missing for a in report.answers)
     text = {a.key: "\n".join(a.evidence) for a in report.answers}
     assert "sft_done event" in text["base_model"] and "verifies" in text["base_model"]
+    assert "the warm start demonstrated" in text["base_model"]
     assert "calculator: env sha256:" in text["data_versions"]
     assert "counts match metrics.jsonl" in text["rollouts"]
     assert "weights x components" in text["reward_config"]

@@ -86,6 +86,13 @@ def _starting_weights(f: RunFacts, out: Finding, spec: RunSpec, base: str) -> No
                 f"sft_done event: warm-start adapter {short(digest)} = sft-adapter/ "
                 f"({spec.learning.sft_steps} steps)"
             )
+        demonstrated = done[-1].get("demonstrated")  # absent in records older than the field
+        wanted = spec.learning.sft_demonstrations
+        count = len(set(demonstrated)) if isinstance(demonstrated, list) else None
+        if count is not None and wanted is not None and count != wanted:
+            out.fail(f"the warm start demonstrated {count} tasks; the spec asks for {wanted}")
+        elif count is not None:
+            out.ok(f"the warm start demonstrated {count} train tasks (named in sft_done)")
     elif init is None:
         kind = "LoRA adapter" if isinstance(spec.model.adapter, LoraAdapter) else "copy of every weight"
         out.ok(f"starting weights: the base plus a fresh {kind} initialised from seed {spec.seed}")

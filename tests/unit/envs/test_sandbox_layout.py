@@ -19,6 +19,7 @@ from reprorl.envs.sandbox.layout import (
     try_lock,
     unlock,
 )
+from reprorl.envs.sandbox.readonly import mount_points, parse_mountinfo
 
 
 def test_a_removed_root_is_made_again_with_its_mode(tmp_path: Path) -> None:
@@ -77,3 +78,18 @@ def test_a_uid_slots_state_is_kept_in_its_lock_file_across_holders(tmp_path: Pat
     assert slot is not None and slot.needs_purge and lock.read_bytes() == b"dirty"
     unlock(slot, clean=True)
     assert lock.read_bytes() == b"clean"
+
+
+def test_mountinfo_lines_give_each_mount_point_unescaped_with_its_own_options() -> None:
+    lines = [
+        "22 1 253:1 / / rw,relatime shared:1 - ext4 /dev/vda rw\n",
+        "90 22 0:51 / /tmp/a\\040b\\134c rw,nosuid,nodev - tmpfs tmpfs rw,size=1024k\n",
+        "91 22 0:52 / /srv ro,noexec master:3 - tmpfs tmpfs ro\n",
+        "\n",
+    ]
+    assert parse_mountinfo(lines) == [
+        ("/", "rw,relatime"),
+        ("/tmp/a b\\c", "rw,nosuid,nodev"),
+        ("/srv", "ro,noexec"),
+    ]
+    assert "/proc" in {point for point, _ in mount_points()}  # this very namespace's table

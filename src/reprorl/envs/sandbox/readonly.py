@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 
 from reprorl.envs.sandbox.mounts import MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_RDONLY, MS_REMOUNT, mount
 
@@ -30,14 +31,24 @@ _KEPT_FLAGS = {
 _ESCAPE = re.compile(r"\\([0-7]{3})")
 
 
-def mount_points() -> list[tuple[str, set[str]]]:
-    """Every mount point of this namespace with its per-mount options, from /proc/self/mountinfo."""
-    found = []
+def mount_points() -> list[tuple[str, str]]:
+    """Every mount point of this namespace with its per-mount options (comma-separated), from
+    /proc/self/mountinfo. Split no further than needed: with a pool's sandboxes running, the host has
+    a mount per sandbox, and every sandbox reads them all."""
     with open("/proc/self/mountinfo") as handle:  # noqa: PTH123
-        for line in handle:
-            fields = line.split()
-            point = _ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), fields[4])
-            found.append((point, set(fields[5].split(","))))
+        return parse_mountinfo(handle)
+
+
+def parse_mountinfo(lines: Iterable[str]) -> list[tuple[str, str]]:
+    found = []
+    for line in lines:
+        fields = line.split(" ", 6)
+        if len(fields) < 6:
+            continue
+        point = fields[4]
+        if "\\" in point:  # the kernel writes space, tab, newline and backslash as octal escapes
+            point = _ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), point)
+        found.append((point, fields[5]))
     return found
 
 
@@ -66,10 +77,14 @@ def read_only_host(writable: list[str]) -> str:
         if os.path.isdir(path) and not os.path.ismount(path):
             mount(path, path, None, MS_BIND, None)  # a mount of its own, so it can stay writable
     kept = tuple(os.path.realpath(p) for p in writable)
+    under_kept = tuple(k + "/" for k in kept)
     refused = 0
     seen: set[str] = set()
-    for point, options in mount_points():
-        if point in seen or "ro" in options or any(point == k or point.startswith(k + "/") for k in kept):
+    for point, listed in mount_points():
+        if point in seen or point in kept or point.startswith(under_kept):
+            continue
+        options = set(listed.split(","))
+        if "ro" in options:
             continue
         seen.add(point)
         flags = MS_BIND | MS_REMOUNT | MS_RDONLY

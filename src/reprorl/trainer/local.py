@@ -210,15 +210,24 @@ class LocalTrainer:
         )
         return logprobs, collated.batch, total
 
+    def rows_to_run(self, data: Sequence[Datum], loss: Loss) -> list[int]:
+        """The rows `forward_backward` runs: those the loss is not inert on. Where it is inert on every
+        one, the first micro-batch of rows with learned tokens still runs: its gradient is zero, so the
+        optimizer's step is what it would have been (its moments move on), and the health figures
+        (entropy, KL to the reference, sampler mismatch) stay measured every step."""
+        run = [i for i, d in enumerate(data) if not inert(d, loss)]
+        return run or [i for i, d in enumerate(data) if any(d.mask[1:])][: self.micro_batch]
+
     def forward_backward(self, data: Sequence[Datum], loss: Loss) -> dict[str, float]:
         """Accumulate the gradient of `loss` over `data`, averaged as the loss says (`loss.mean`):
         split into micro-batches, each one's loss is weighted by its share of the batch's learned
         tokens, or of its sequences that have one, so the sum is the loss of the whole batch.
 
-        Rows the loss is inert on (advantage 0 under a loss without a KL term) are not run: they add
-        nothing to the loss or the gradient, and they still count in its mean. The loss's own values
-        (`loss`, `pg_loss`, `nll`) are then the whole batch's, exactly; its other figures (clip
-        fractions, importance weights, KL to the reference) and `entropy` are over the rows run.
+        Rows the loss is inert on (advantage 0 under a loss without a KL term) are not run
+        (`rows_to_run`): they add nothing to the loss or the gradient, and they still count in its
+        mean. The loss's own values (`loss`, `pg_loss`, `nll`) are then the whole batch's, exactly;
+        its other figures (clip fractions, importance weights, KL to the reference) and `entropy`
+        are over the rows run.
         """
         if not data:
             raise ValueError("forward_backward needs at least one datum")
@@ -226,7 +235,7 @@ class LocalTrainer:
         total = sum(sum(d.mask[1:]) for d in data)
         if total <= 0:
             raise ValueError("the batch has no tokens to learn from (every mask is 0)")
-        run = [d for d in data if not inert(d, loss)]
+        run = [data[i] for i in self.rows_to_run(data, loss)]
         weight = _token_weight if loss.mean == "token" else _sequence_weight
         whole, ran = weight(data), weight(run)
         metrics: dict[str, float] = {}

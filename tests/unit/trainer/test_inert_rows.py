@@ -10,7 +10,7 @@ from reprorl.algos import GSPO, CrossEntropy, NoCorrection, PPOClip
 from reprorl.config.spec import KLPenalty, LoraAdapter
 from reprorl.orchestrate.pipeline.steps import prepare
 from reprorl.policy import tiny_model
-from reprorl.trainer import Datum, LocalTrainer
+from reprorl.trainer import AdamParams, Datum, LocalTrainer
 
 PROMPT = (5, 6, 7)
 DATA = [
@@ -82,3 +82,22 @@ def test_kl_to_the_reference_is_measured_every_step_with_a_kl_term_else_every_mo
     assert [KLPenalty(monitor_every=3).measured_at(s) for s in range(7)] == [1, 0, 0, 1, 0, 0, 1]
     assert not any(KLPenalty(monitor_every=0).measured_at(s) for s in range(7))
     assert all(KLPenalty(estimator="k3", coef=0.1, monitor_every=0).measured_at(s) for s in range(7))
+
+
+def test_a_batch_the_loss_is_inert_on_runs_one_micro_batch_and_steps_the_optimizer_as_before() -> None:
+    """All advantages 0: one micro-batch runs (zero gradient, health figures measured), and the
+    optimizer's step after an earlier real one moves the weights exactly as running every row did."""
+    flat = [dataclasses.replace(d, advantage=0.0) for d in DATA]
+    weights = []
+    for loss in (PPOClip(correction=NoCorrection()), EveryRowPPO(correction=NoCorrection())):
+        model = tiny_model(0)
+        trainer = LocalTrainer(model.model, model.tokenizer, base_hash=model.base_hash, micro_batch=2)
+        trainer.forward_backward(DATA, EveryRowPPO(correction=NoCorrection()))  # the same first step
+        trainer.optim_step(AdamParams(lr=1e-2))
+        metrics = trainer.forward_backward(flat, loss)
+        assert all(p.grad is not None and not bool(p.grad.any()) for p in trainer.params)
+        assert "entropy" in metrics and metrics["loss"] == 0.0
+        assert metrics["skipped_rows"] == (2.0 if loss.inert_at_zero_advantage else 0.0)
+        trainer.optim_step(AdamParams(lr=1e-2))
+        weights.append([p.detach().clone() for p in trainer.params])
+    assert all(torch.equal(a, b) for a, b in zip(*weights, strict=True))

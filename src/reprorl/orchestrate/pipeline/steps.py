@@ -30,7 +30,6 @@ from reprorl.config.spec import LearningSpec
 from reprorl.rollout.scoring import counted
 from reprorl.rollout.stats import ToolStats
 from reprorl.trainer import Datum, LocalTrainer, sequences, with_logprobs
-from reprorl.trainer.data import inert
 from reprorl.trainer.ewma import EWMAWeights
 from reprorl.types import Trajectory
 
@@ -100,9 +99,9 @@ def prepare(
 
     The reference logprobs are computed where `reference` says (`KLPenalty.measured_at`): every step
     with a KL term, where they enter the loss, and every `monitor_every` steps without, where KL to
-    the base is a health metric. Rows the loss is inert on get neither: the trainer does not run them.
+    the base is a health metric. Only the rows the trainer runs (`rows_to_run`) get them.
     """
-    run = [i for i, d in enumerate(data) if not inert(d, loss)]
+    run = trainer.rows_to_run(data, loss)
     live = [data[i] for i in run]
     proximal = ewma.proximal_logprobs(trainer, live) if ewma is not None and live else None
     base = trainer.reference_logprobs(live) if reference and trainer.reference_available and live else None

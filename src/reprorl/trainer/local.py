@@ -40,6 +40,14 @@ def _shared_prefix(ids: torch.Tensor) -> int:
     return int(differs.long().argmax()) if bool(differs.any()) else ids.shape[1]
 
 
+def by_length(data: Sequence[Datum]) -> list[int]:
+    """Row indices shortest first: a micro-batch is padded to its longest row, and rows of one length
+    waste nothing. Group members share their task's prompt, but every row of a run shares the system
+    prompt and the tool schemas, most of a prompt, which the micro-batch's shared prefix runs once: on
+    a sql step of 24 rows, 12,672 positions to run sorted against 18,502 in group order."""
+    return sorted(range(len(data)), key=lambda i: len(data[i].input_ids))
+
+
 def _token_weight(data: Sequence[Datum]) -> float:
     return float(sum(sum(d.mask[1:]) for d in data))
 
@@ -156,14 +164,16 @@ class LocalTrainer:
         With `learned_only`, only the learned tokens' (mask 1) are computed, the rest are 0: all a
         loss reads, for a fraction of the memory.
         """
-        out = []
+        order = by_length(data)
+        out: list[torch.Tensor | None] = [None] * len(data)
         with torch.no_grad():
-            for start in range(0, len(data), self.micro_batch):
-                chunk = data[start : start + self.micro_batch]
+            for start in range(0, len(order), self.micro_batch):
+                rows = order[start : start + self.micro_batch]
+                chunk = [data[i] for i in rows]
                 logprobs, _, _ = self._logprobs(chunk, learned_only=learned_only)
-                for i, d in enumerate(chunk):
-                    out.append(logprobs[i, : len(d.input_ids) - 1].cpu())
-        return out
+                for i, row in enumerate(rows):
+                    out[row] = logprobs[i, : len(data[row].input_ids) - 1].cpu()
+        return [t for t in out if t is not None]
 
     def _logprobs(
         self, chunk: Sequence[Datum], *, entropy: bool = False, learned_only: bool = True
@@ -236,6 +246,7 @@ class LocalTrainer:
         if total <= 0:
             raise ValueError("the batch has no tokens to learn from (every mask is 0)")
         run = [data[i] for i in self.rows_to_run(data, loss)]
+        run = [run[i] for i in by_length(run)]
         weight = _token_weight if loss.mean == "token" else _sequence_weight
         whole, ran = weight(data), weight(run)
         metrics: dict[str, float] = {}

@@ -119,6 +119,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "learning.tasks_per_step": 1,
         "learning.kl.estimator": "k3",
         "learning.kl.coef": 0.05,
+        "learning.kl.reference": "initial",
         "learning.tis_cap": 3.0,
         "learning.checkpoint_every": 2,
         "learning.keep_checkpoints": 1,

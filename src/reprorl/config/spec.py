@@ -208,12 +208,20 @@ class DataSpec(SpecModel):
 
 
 class KLPenalty(SpecModel):
-    """KL regularisation toward the reference policy (the base without the adapter)."""
+    """KL regularisation toward a reference policy: the base model, or the policy RL starts from."""
 
     estimator: Literal["off", "k1", "k2", "k3"] = Field(
         default="off", description="Estimator of KL(pi || ref) used in the loss; 'off' = none."
     )
     coef: float = Field(default=0.0, ge=0.0, description="Weight of the KL term in the loss.")
+    reference: Literal["base", "initial"] = Field(
+        default="base",
+        description="The policy KL is measured against, in the loss and in train/kl_k3. 'base': the "
+        "base model (the adapter off, or a frozen copy of every weight). 'initial': the policy RL "
+        "starts from (after the SFT warm start, or model.init_adapter), frozen at step 0 (event "
+        "kl_reference): it holds a warm-started policy near its demonstrations where the base would "
+        "pull it back toward the untrained model.",
+    )
     monitor_every: int = Field(
         default=1,
         ge=0,

@@ -107,6 +107,8 @@ class LocalTrainer:
         self.pad_id = pad if isinstance(pad, int) else 0
         self.optimizer: torch.optim.AdamW | None = None
         self.reference: PreTrainedModel | None = None
+        # The reference's trained tensors where it is not the base: the weights `pin_reference` froze.
+        self.pinned: dict[str, torch.Tensor] | None = None
         # Weights a token's forward pass multiplies by: every linear layer's, the head's included
         # (a tied head counts once, as it is one matrix), LoRA's factors too; not the embedding lookup.
         self.matmul_params = sum(
@@ -140,9 +142,34 @@ class LocalTrainer:
         """Whether reference logprobs can be computed (the base under the adapter, or a frozen copy)."""
         return isinstance(self.model, PeftModel) or self.reference is not None
 
+    @property
+    def reference_version(self) -> str | None:
+        """Hash of the pinned reference's trained tensors; None where the reference is the base."""
+        return tensors_hash(self.pinned) if self.pinned is not None else None
+
+    def pin_reference(self, tensors: dict[str, torch.Tensor] | None = None) -> str:
+        """Make `tensors` (by default the weights trained so far) the KL reference from now on, in
+        place of the base: a warm-started policy held near its start. Returns their hash."""
+        tensors = tensors if tensors is not None else self.trainable_state()
+        expected = {n for n, p in self.model.named_parameters() if p.requires_grad}
+        if set(tensors) != expected:
+            raise ValueError("the reference's tensors do not fit this trainer's trained parameters")
+        if self.reference is not None:  # every weight trained: the frozen copy takes them, once
+            params = dict(self.reference.named_parameters())
+            with torch.no_grad():
+                for name, t in tensors.items():
+                    params[name].copy_(t)
+            self.pinned = {n: params[n].detach() for n in tensors}
+        else:
+            self.pinned = {n: t.detach().clone() for n, t in tensors.items()}
+        return tensors_hash(self.pinned)
+
     def reference_logprobs(self, data: Sequence[Datum]) -> list[torch.Tensor]:
-        """Logprobs under the reference policy: the base model without the adapter (or its frozen copy)."""
+        """Logprobs under the reference policy: the base model without the adapter (or its frozen
+        copy), or the weights `pin_reference` froze."""
         if isinstance(self.model, PeftModel):
+            if self.pinned is not None:
+                return self._under(self.pinned, data)
             with self.model.disable_adapter():
                 return self.token_logprobs(data, learned_only=True)
         if self.reference is None:
@@ -152,6 +179,21 @@ class LocalTrainer:
             return self.token_logprobs(data, learned_only=True)
         finally:
             self.model = trained
+
+    def _under(self, tensors: dict[str, torch.Tensor], data: Sequence[Datum]) -> list[torch.Tensor]:
+        """Learned-token logprobs with the adapter's weights swapped for `tensors` (a few MB) and back
+        bit for bit."""
+        params = dict(self.model.named_parameters())
+        kept = {n: params[n].detach().clone() for n in tensors}
+        with torch.no_grad():
+            for name, t in tensors.items():
+                params[name].copy_(t)
+        try:
+            return self.token_logprobs(data, learned_only=True)
+        finally:
+            with torch.no_grad():
+                for name, t in kept.items():
+                    params[name].copy_(t)
 
     def snapshot(self) -> tuple[str, dict[str, torch.Tensor]]:
         """The trained tensors as the rollout side receives them, with their version (hash)."""
@@ -307,6 +349,7 @@ class LocalTrainer:
         """
         directory.mkdir(parents=True, exist_ok=True)
         tensors = {f"param/{n}": t.contiguous() for n, t in self.trainable_state().items()}
+        tensors |= {f"reference/{n}": t.contiguous() for n, t in (self.pinned or {}).items()}
         tensors["rng/torch"] = torch.get_rng_state()
         save_file(tensors, str(directory / STATE_WEIGHTS), metadata={"step": str(self.step)})
         optimizer = self.optimizer.state_dict() if self.optimizer is not None else None
@@ -330,6 +373,9 @@ class LocalTrainer:
             self.optimizer = _adamw(self.params, AdamParams(lr=1.0))
             self.optimizer.load_state_dict(saved["optimizer"])
         self.step = int(saved["step"])
+        pinned = {k.removeprefix("reference/"): t for k, t in tensors.items() if k.startswith("reference/")}
+        if pinned:
+            self.pin_reference(pinned)
         torch.set_rng_state(tensors["rng/torch"])
         self.model.train(False)
 

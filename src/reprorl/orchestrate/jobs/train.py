@@ -106,15 +106,19 @@ async def train_run(
                 named = checkpoint.path.name if checkpoint else None
                 record.event("resumed", from_step=start, checkpoint=named)
             if checkpoint is not None:
-                loop.load(checkpoint.path)
-            elif spec.learning.sft_steps:
-                await loop.warm_start()
-                # RL starts with fresh moments: SFT's squared gradients would shrink RL's steps for
-                # hundreds of updates (β2 = 0.999).
-                trainer.reset_optimizer()
-                if ewma is not None:
-                    ewma = loop.ewma = ewma_of(loop.loss, trainer)
-                loop.save(0)
+                loop.load(checkpoint.path)  # the pinned KL reference included
+            else:
+                if spec.learning.sft_steps:
+                    await loop.warm_start()
+                    # RL starts with fresh moments: SFT's squared gradients would shrink RL's steps
+                    # for hundreds of updates (β2 = 0.999).
+                    trainer.reset_optimizer()
+                    if ewma is not None:
+                        ewma = loop.ewma = ewma_of(loop.loss, trainer)
+                if spec.learning.kl.reference == "initial":
+                    record.event("kl_reference", version=trainer.pin_reference(), step=0)
+                if spec.learning.sft_steps:
+                    loop.save(0)
             await loop.run(start, show_progress=show_progress)
             if loop.pool is not None:
                 register_signal_tasks(store, spec, record, loop.pool, loop.tasks)

@@ -191,6 +191,7 @@ def _learning(loop: TrainLoop, runner: RolloutRunner) -> dict[str, Any]:
         "learning.kl.coef": getattr(holder, "kl_coef", None),
         "learning.kl.estimator": getattr(holder, "kl_estimator", None) if learning.kl.coef > 0 else "off",
         "learning.kl.monitor_every": learning.kl.monitor_every,  # read by the loop's updates
+        "learning.kl.reference": "initial" if loop.trainer.pinned is not None else "base",
         "learning.correction": CORRECTIONS.get(type(correction), "none"),
         "learning.tis_cap": getattr(correction, "cap", learning.tis_cap),
         "learning.temperature": runner.params.temperature,

@@ -75,7 +75,7 @@ def test_ls_cat_grep(ctx: SimpleNamespace) -> None:
     assert grep(ctx, pattern="no such text anywhere") == "no matches"
     with pytest.raises(InvalidArguments, match="directory"):
         cat(ctx, path="services")
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(InvalidArguments, match="no such file"):
         cat(ctx, path="nope.txt")
 
 

@@ -17,7 +17,7 @@ from reprorl.envs.errors import InvalidArguments, OutsideSandbox, UnsafeAction
 from reprorl.envs.families import sql_tools
 from reprorl.envs.families.sql import SqlEnv, generate, oracle
 from reprorl.envs.families.sql_data import DB_NAME, generate_shop
-from reprorl.envs.families.sql_guard import QueryTooExpensive
+from reprorl.envs.families.sql_guard import QueryTooExpensive, statement_fault
 from reprorl.envs.families.sql_tools import (
     MAX_ROWS_SHOWN,
     build_state,
@@ -88,10 +88,10 @@ def test_execute_commits_and_counts(ctx: SimpleNamespace) -> None:
 
 def test_execute_failures_roll_back(ctx: SimpleNamespace) -> None:
     before = _dump(ctx.root)
-    with pytest.raises(sqlite3.IntegrityError):
+    with pytest.raises(InvalidArguments, match="CHECK constraint"):
         sql_execute(ctx, sql="UPDATE products SET stock = -1 WHERE id = 1")  # CHECK (stock >= 0)
-    with pytest.raises(sqlite3.IntegrityError):
-        sql_execute(ctx, sql="INSERT INTO orders VALUES (999, 999, 'pending', '2024-01-01')")  # foreign key
+    with pytest.raises(InvalidArguments, match="FOREIGN KEY"):
+        sql_execute(ctx, sql="INSERT INTO orders VALUES (999, 999, 'pending', '2024-01-01')")
     assert _dump(ctx.root) == before
 
 
@@ -136,7 +136,7 @@ def test_a_where_that_matches_every_row_is_unsafe_and_rolled_back(ctx: SimpleNam
 
 def test_the_engine_refuses_what_the_tokenizer_lets_through(ctx: SimpleNamespace) -> None:
     before = _dump(ctx.root)
-    with pytest.raises((UnsafeAction, sqlite3.OperationalError)):
+    with pytest.raises((UnsafeAction, InvalidArguments)):
         sql_execute(ctx, sql="UPDATE sqlite_master SET sql = '' WHERE name = 'orders'")
     with pytest.raises(UnsafeAction, match="load_extension"):
         sql_query(ctx, sql="SELECT load_extension('/tmp/evil.so')")
@@ -165,6 +165,50 @@ def test_the_engine_refuses_what_the_tokenizer_lets_through(ctx: SimpleNamespace
 def test_nonsense_is_invalid(ctx: SimpleNamespace, tool_name: str, sql: str, match: str) -> None:
     with pytest.raises(InvalidArguments, match=match):
         TOOLS[tool_name](ctx, sql=sql)
+
+
+@pytest.mark.parametrize(
+    ("tool_name", "sql", "match"),
+    [
+        ("sql_query", "SELECT name FROM customers WHERE city = = 'Leeds'", "syntax error"),
+        ("sql_query", "SELECT nickname FROM customers", "no such column"),
+        ("sql_query", "SELECT * FROM clients", "no such table"),
+        ("sql_execute", "INSERT INTO customers VALUES (1, 'x', 'y', 'z')", "UNIQUE constraint"),
+        ("sql_execute", "UPDATE orders SET status = 'shipped' WHERE idx = 1", "no such column"),
+    ],
+)
+def test_a_statement_the_engine_rejects_is_the_callers_mistake(
+    ctx: SimpleNamespace, tool_name: str, sql: str, match: str
+) -> None:
+    """Syntax, names and constraints are the statement's fault: invalid arguments (the model's), with
+    the engine's own message; an I/O or locking error would stay the tool's."""
+    before = _dump(ctx.root)
+    with pytest.raises(InvalidArguments, match=match) as caught:
+        TOOLS[tool_name](ctx, sql=sql)
+    result = CallResult(
+        ok=False,
+        value="",
+        error_type=type(caught.value).__name__,
+        error=str(caught.value),
+        timed_out=False,
+        crashed=False,
+        duration_s=0.1,
+    )
+    assert classify_call("c0", tool_name, result, 4096).result.outcome == ToolOutcome.BAD_ARGUMENTS
+    assert _dump(ctx.root) == before
+
+
+def test_engine_errors_are_split_by_their_result_code() -> None:
+    busy = sqlite3.OperationalError("database is locked")
+    busy.sqlite_errorname = "SQLITE_BUSY"  # type: ignore[attr-defined]
+    io = sqlite3.OperationalError("disk I/O error")
+    io.sqlite_errorname = "SQLITE_IOERR_WRITE"  # type: ignore[attr-defined]
+    constraint = sqlite3.IntegrityError("NOT NULL constraint failed: orders.created")
+    constraint.sqlite_errorname = "SQLITE_CONSTRAINT_NOTNULL"  # type: ignore[attr-defined]
+    assert not statement_fault(busy) and not statement_fault(io)
+    assert statement_fault(constraint)
+    assert statement_fault(sqlite3.ProgrammingError("You can only execute one statement at a time."))
+    assert not statement_fault(sqlite3.DatabaseError("file is not a database"))
 
 
 def test_runaway_query_is_stopped_and_classified_as_a_tool_exception(ctx: SimpleNamespace) -> None:

@@ -43,8 +43,8 @@ def _shown(ctx: Any, path: Path) -> str:
 
 def _existing(ctx: Any, path: str) -> Path:
     target = workspace_path(ctx, path)
-    if not target.exists():
-        raise FileNotFoundError(f"no such file or directory: {path}")
+    if not target.exists():  # a path the caller got wrong: the model's mistake, not the tool's
+        raise InvalidArguments(f"no such file or directory: {path}")
     return target
 
 

@@ -228,7 +228,9 @@ class Guard:
         return self._deny(_OTHER_ACTIONS.get(action, f"operation {action}"), False)
 
     def explain(self, error: sqlite3.Error) -> Exception:
-        """The exception to raise for an engine error: unsafe, invalid, too expensive or ordinary."""
+        """The exception to raise for an engine error: unsafe, invalid (the statement's own fault:
+        its syntax, names, types or constraints), too expensive, or the engine's (I/O, locks, memory,
+        a damaged file), which stays a tool exception."""
         if self.denied:
             what, unsafe = next(((w, u) for w, u in self.denied if u), self.denied[0])
             return (
@@ -240,7 +242,26 @@ class Guard:
             return QueryTooExpensive(
                 f"the statement was stopped after {MAX_VM_STEPS:,} steps; narrow it (a WHERE clause, a LIMIT)"
             )
+        if statement_fault(error):
+            return InvalidArguments(str(error))
         return error
+
+
+# Result codes (primary, before any extended suffix) that say what is wrong with the statement.
+_STATEMENT_CODES = frozenset(
+    {"SQLITE_ERROR", "SQLITE_CONSTRAINT", "SQLITE_MISMATCH", "SQLITE_RANGE", "SQLITE_TOOBIG"}
+)
+
+
+def statement_fault(error: sqlite3.Error) -> bool:
+    """Whether an engine error is the caller's: a statement that does not parse, names a column or
+    table the database lacks, breaks a constraint or misuses the API (two statements, missing
+    bindings). Caller mistakes are invalid arguments, which the record attributes to the model; a
+    tool exception would say the tool broke."""
+    name = getattr(error, "sqlite_errorname", None)
+    if name is None:  # raised by the Python module itself, before the engine ran
+        return isinstance(error, sqlite3.ProgrammingError)
+    return "_".join(str(name).split("_")[:2]) in _STATEMENT_CODES
 
 
 _UNSAFE_ACTIONS: dict[int, str] = {

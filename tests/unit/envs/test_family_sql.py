@@ -167,6 +167,20 @@ def test_nonsense_is_invalid(ctx: SimpleNamespace, tool_name: str, sql: str, mat
         TOOLS[tool_name](ctx, sql=sql)
 
 
+def _classified(tool_name: str, error: Exception) -> Any:
+    """How the env classifies a call whose tool raised `error` in its sandbox."""
+    result = CallResult(
+        ok=False,
+        value="",
+        error_type=type(error).__name__,
+        error=str(error),
+        timed_out=False,
+        crashed=False,
+        duration_s=0.1,
+    )
+    return classify_call("c0", tool_name, result, 4096)
+
+
 @pytest.mark.parametrize(
     ("tool_name", "sql", "match"),
     [
@@ -185,16 +199,7 @@ def test_a_statement_the_engine_rejects_is_the_callers_mistake(
     before = _dump(ctx.root)
     with pytest.raises(InvalidArguments, match=match) as caught:
         TOOLS[tool_name](ctx, sql=sql)
-    result = CallResult(
-        ok=False,
-        value="",
-        error_type=type(caught.value).__name__,
-        error=str(caught.value),
-        timed_out=False,
-        crashed=False,
-        duration_s=0.1,
-    )
-    assert classify_call("c0", tool_name, result, 4096).result.outcome == ToolOutcome.BAD_ARGUMENTS
+    assert _classified(tool_name, caught.value).result.outcome == ToolOutcome.BAD_ARGUMENTS
     assert _dump(ctx.root) == before
 
 
@@ -215,16 +220,7 @@ def test_runaway_query_is_stopped_and_classified_as_a_tool_exception(ctx: Simple
     runaway = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
     with pytest.raises(QueryTooExpensive) as caught:
         sql_query(ctx, sql=runaway)
-    result = CallResult(
-        ok=False,
-        value="",
-        error_type=type(caught.value).__name__,
-        error=str(caught.value),
-        timed_out=False,
-        crashed=False,
-        duration_s=0.1,
-    )
-    classified = classify_call("c0", "sql_query", result, 4096)
+    classified = _classified("sql_query", caught.value)
     assert classified.result.outcome == ToolOutcome.TOOL_EXCEPTION and classified.terminates is None
     flood = (
         "INSERT INTO customers SELECT 100 + x, 'n' || x, 'e', 'c'"

@@ -24,6 +24,7 @@ from reprorl.orchestrate.run.effective import EFFECTIVE_FILE, LABELS, disagreeme
 from reprorl.policy import save_model, tiny_model
 from reprorl.policy.tiny_tokenizer import CHAT_TEMPLATE
 from reprorl.store import RunRecord, Store
+from reprorl.store.rollout_query import RolloutStore
 
 BASE = """
 name = "effect"
@@ -142,6 +143,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "evaluation.suites": ["calc-eval", "calc-eval-short"],
         "evaluation.every_steps": 2,
         "evaluation.samples_per_task": 2,
+        "evaluation.temperature": 0.3,
         "evaluation.thresholds": {"success": 0.1},
         "evaluation.rollback": [
             {"when": "metric_below", "action": "revert", "metric": "success", "threshold": -1.0}
@@ -203,6 +205,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 
 behaviour: dict[str, list[dict[str, Any]]] = {}  # each run's metric lines, timings left out
+records: dict[str, RunRecord] = {}
 
 
 def schema_leaves(model: type[BaseModel], prefix: str = "") -> list[str]:
@@ -266,13 +269,14 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[d
     store.add("calc-eval-short", tmp / "short-eval.jsonl", kind="taskset")
     out: dict[str, tuple[dict[str, Any], RunSpec]] = {}
     behaviour.clear()
+    records.clear()
     for name, changes in [("base", {}), *VARIANTS.items()]:
         (tmp / f"{name}.toml").write_text(BASE)
         overrides = [f"{path}={_toml(value)}" for path, value in changes.items()]
         before = set(run_ids(home))
         code = main(["--home", str(home), "run", str(tmp / f"{name}.toml"), *overrides])
         (run_id,) = set(run_ids(home)) - before
-        record = RunRecord(store, run_id)
+        record = records[name] = RunRecord(store, run_id)
         document = json.loads((record.path / EFFECTIVE_FILE).read_text())
         out[name] = (document["fields"], stored_spec(record.spec()))
         behaviour[name] = [
@@ -320,3 +324,14 @@ def _leaf_values(spec: RunSpec) -> dict[str, Any]:
 
 def _changed(path: str, changes: dict[str, Any]) -> bool:
     return any(path == p or path.startswith(p + ".") for p in changes)
+
+
+def test_eval_rollouts_sample_at_the_eval_temperature_and_train_rollouts_at_the_learning_one(
+    runs: dict[str, tuple[dict[str, Any], RunSpec]],
+) -> None:
+    _, spec = runs["sync"]
+    temperatures = {
+        (t.split, t.sampling.temperature) for t in RolloutStore(records["sync"]).trajectories() if t.sampling
+    }
+    assert spec.evaluation.temperature == 0.3 and spec.learning.temperature == 0.7
+    assert temperatures == {("train", 0.7), ("eval", 0.3)}

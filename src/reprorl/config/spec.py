@@ -412,6 +412,13 @@ class EvaluationSpec(SpecModel):
     )
     every_steps: int = Field(default=10, ge=1, description="Evaluate every N training steps.")
     samples_per_task: int = Field(default=1, ge=1, description="Samples per eval task (pass@k).")
+    temperature: float | None = Field(
+        default=None,
+        ge=0.0,
+        description="Sampling temperature of eval rollouts; None: learning.temperature. Training may "
+        "sample hotter than it is measured at (exploration where a warm start left little entropy) "
+        "while every eval point measures the policy the same way.",
+    )
     thresholds: dict[str, float] = Field(
         default_factory=dict, description="Acceptance thresholds, metric name to minimum."
     )

@@ -11,6 +11,7 @@ figures (`reprorl.evaluation.metrics`) can be split by env family and compared w
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -82,10 +83,13 @@ async def evaluate(
     policy_version: str,
     samples_per_task: int = 1,
     thresholds: Mapping[str, float] | None = None,
+    temperature: float | None = None,
 ) -> EvalPoint:
-    """Run `samples_per_task` rollouts of every task of `suite` and summarise them with intervals."""
+    """Run `samples_per_task` rollouts of every task of `suite` and summarise them with intervals;
+    `temperature` (`evaluation.temperature`) replaces the runner's for these rollouts."""
     if not tasks:
         raise ValueError(f"eval suite {suite} has no eval or holdout tasks")
+    params = None if temperature is None else runner.params.model_copy(update={"temperature": temperature})
     jobs = plan_groups(
         tasks,
         samples_per_task,
@@ -95,7 +99,7 @@ async def evaluate(
         kind=f"{EVAL_KIND}-{suite}",
         seed_step=0,
     )
-    result = await runner.run(jobs)
+    result = await runner.run([dataclasses.replace(job, params=params) for job in jobs])
     by_task: dict[str, list[Trajectory]] = defaultdict(list)
     for t in counted(result.trajectories):  # a task none of whose samples counts has no score here
         by_task[t.task_id].append(t)

@@ -60,6 +60,8 @@ class RolloutJob:
     # arrival-order producer gives a group its place in the start order, which is earliest deadline
     # first. It never changes what is sampled.
     priority: int = 0
+    # Sampling parameters in place of the runner's (an eval point's own temperature); None: the runner's.
+    params: SamplingParams | None = None
 
 
 PolicyFactory = Callable[[RolloutJob, str], Policy]
@@ -387,7 +389,7 @@ class RolloutRunner:
             base_model_hash=self.provenance.base_model_hash,
             adapter_version=self.provenance.adapter_version,
             sampler=self.provenance.sampler,
-            sampling=self.params.model_copy(update={"seed": job.seed}),
+            sampling=(job.params or self.params).model_copy(update={"seed": job.seed}),
             step=job.step,
             member=job.member,
             termination=Termination.INFRA_ERROR,
@@ -429,7 +431,7 @@ class RolloutRunner:
         self, job: RolloutJob, rollout_id: str, lane: int, lockstep: Gate | None
     ) -> Trajectory:
         assert self._sandboxes is not None and self._verifiers is not None
-        family = self._family(job.task)
+        family, params = self._family(job.task), job.params or self.params
         policy: Policy | Driver
         if self.policy_for is not None:
             policy = self.policy_for(job, rollout_id)
@@ -440,7 +442,7 @@ class RolloutRunner:
                 self._proxy,
                 self.renderer,
                 partial(lockstep.sample, lane),
-                self.params,
+                params,
                 rollout_id,
             )
         else:
@@ -448,7 +450,7 @@ class RolloutRunner:
             policy = ModelPolicy(
                 partial(lockstep.sample, lane),
                 self.renderer,
-                self.params,
+                params,
                 rollout_id,
                 check_prefix=self.check_prefix,
             )
@@ -465,7 +467,7 @@ class RolloutRunner:
             ),
             limits=self.limits,
             weights=self.reward_weights,
-            sampling=self.params,
+            sampling=params,
             provenance=self.provenance,
         )
         cost = self.prices.cost(trajectory.prompt_tokens, trajectory.completion_tokens, trajectory.cpu_s)

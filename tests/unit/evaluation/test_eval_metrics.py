@@ -16,6 +16,7 @@ from reprorl.types import (
     Message,
     Reward,
     Role,
+    SamplingParams,
     Split,
     Task,
     Termination,
@@ -254,6 +255,7 @@ class _FakeRunner:
 
     def __init__(self) -> None:
         self.jobs: list[RolloutJob] = []
+        self.params = SamplingParams(temperature=0.9, top_p=0.8, max_tokens=32)
 
     async def run(self, jobs: list[RolloutJob]) -> RolloutResult:
         self.jobs = jobs
@@ -289,6 +291,27 @@ def test_evaluate_keeps_the_tasks_and_seed_the_figures_need() -> None:
     assert m["latency_p50"] == 0.5 and m["rollouts"] == 16.0
     # Reported twice (guards and metrics.jsonl), the same figures: the bootstrap seed is fixed.
     assert p.metrics() == p.metrics()
+
+
+def test_an_eval_temperature_replaces_only_the_runners_temperature_on_every_job() -> None:
+    runner = _FakeRunner()
+    for temperature in (None, 0.0, 0.3):
+        point = evaluate(
+            cast(RolloutRunner, runner),
+            "held",
+            TWO_FAMILIES,
+            run_id="r",
+            run_seed=5,
+            step=0,
+            policy_version="v",
+            temperature=temperature,
+        )
+        asyncio.run(point)
+        if temperature is None:
+            assert all(j.params is None for j in runner.jobs)  # the runner's own
+            continue
+        wanted = runner.params.model_copy(update={"temperature": temperature})
+        assert {j.params for j in runner.jobs} == {wanted}
 
 
 def test_several_samples_per_task_report_unbiased_pass_at_k_and_pass_hat_k() -> None:

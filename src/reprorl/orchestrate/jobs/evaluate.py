@@ -184,6 +184,7 @@ async def _measure(
                     policy_version=version,
                     samples_per_task=samples_per_task or spec.evaluation.samples_per_task,
                     thresholds=spec.evaluation.thresholds,
+                    temperature=spec.evaluation.temperature,
                 )
             )
     return points

@@ -258,6 +258,7 @@ class TrainLoop:
                 policy_version=runner.sampler.policy_version,
                 samples_per_task=self.spec.evaluation.samples_per_task,
                 thresholds=self.spec.evaluation.thresholds,
+                temperature=self.spec.evaluation.temperature,
             )
             self.writer.write(step, point.result.all())
             timing = {"eval_s": time.perf_counter() - t0, "eval_cpu_s": time.process_time() - c0}

@@ -232,6 +232,7 @@ def _evaluation(loop: TrainLoop) -> dict[str, Any]:
         "evaluation.suites": [suite.ref.partition("@")[2] for suite in loop.suites],
         "evaluation.every_steps": evaluation.every_steps,
         "evaluation.samples_per_task": evaluation.samples_per_task,
+        "evaluation.temperature": evaluation.temperature,  # passed by the loop to every eval point
         "evaluation.thresholds": dict(evaluation.thresholds),
         "evaluation.rollback": rules,
         "evaluation.max_unscored_share": evaluation.max_unscored_share,

@@ -139,6 +139,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "learning.sft_batch_size": 2,
         "learning.sft_imperfect_fraction": 0.5,
         "learning.sft_demonstrations": 3,
+        "learning.sft_temperature": 0.5,
         "learning.tool_alarm_steps": 1,
         "evaluation.suites": ["calc-eval", "calc-eval-short"],
         "evaluation.every_steps": 2,
@@ -335,3 +336,13 @@ def test_eval_rollouts_sample_at_the_eval_temperature_and_train_rollouts_at_the_
     }
     assert spec.evaluation.temperature == 0.3 and spec.learning.temperature == 0.7
     assert temperatures == {("train", 0.7), ("eval", 0.3)}
+
+
+def test_the_warm_start_fits_at_its_own_temperature_and_rl_samples_at_the_learning_one(
+    runs: dict[str, tuple[dict[str, Any], RunSpec]],
+) -> None:
+    _, spec = runs["sync"]
+    (done,) = [e for e in records["sync"].events().records if e["event"] == "sft_done"]
+    assert spec.learning.sft_temperature == 0.5 and done["temperature"] == 0.5
+    train = {t.sampling.temperature for t in RolloutStore(records["sync"]).trajectories("split = 'train'")}
+    assert train == {spec.learning.temperature} == {0.7}

@@ -114,6 +114,7 @@ READ_BY_LOOP = (
     "sft_batch_size",
     "sft_imperfect_fraction",
     "sft_demonstrations",
+    "sft_temperature",  # read by the warm start, which records it in its sft_done event
     "tool_alarm_steps",
 )
 

@@ -86,24 +86,31 @@ async def warm_start_run(
     learning, started = spec.learning, time.perf_counter()
     shutil.rmtree(record.path / "sft-adapter", ignore_errors=True)  # a killed earlier attempt
     demonstrated = demonstrated_tasks(tasks, learning.sft_demonstrations, spec.seed)
-    warm = await sft_warm_start(
-        loaded,
-        demonstrated,
-        LoraAdapter(),  # unused: the run's own trainer is passed in
-        record.path / "sft-adapter",
-        steps=learning.sft_steps,
-        batch_size=learning.sft_batch_size,
-        lr=learning.sft_lr,
-        seed=derive_seed(spec.seed, "sft"),
-        imperfect_fraction=learning.sft_imperfect_fraction,
-        on_step=_step_logger(record),
-        trainer=trainer,
-    )
+    rl_temperature = trainer.temperature
+    trainer.temperature = learning.sft_temperature or rl_temperature
+    try:
+        warm = await sft_warm_start(
+            loaded,
+            demonstrated,
+            LoraAdapter(),  # unused: the run's own trainer is passed in
+            record.path / "sft-adapter",
+            steps=learning.sft_steps,
+            batch_size=learning.sft_batch_size,
+            lr=learning.sft_lr,
+            seed=derive_seed(spec.seed, "sft"),
+            imperfect_fraction=learning.sft_imperfect_fraction,
+            on_step=_step_logger(record),
+            trainer=trainer,
+        )
+        fitted_at = trainer.temperature
+    finally:
+        trainer.temperature = rl_temperature
     record.event(
         "sft_done",
         adapter=warm.adapter_hash,
         seconds=time.perf_counter() - started,
         demonstrated=[t.id for t in demonstrated],
+        temperature=fitted_at,
     )
 
 

@@ -26,6 +26,7 @@ from reprorl.config.spec import LearningSpec
 from reprorl.hashing import canonical_json, content_hash
 from reprorl.orchestrate.run.budget import BudgetMeter
 from reprorl.orchestrate.run.guarding import LoopGuard
+from reprorl.orchestrate.run.setup import trained_temperature
 from reprorl.orchestrate.run.signal_pool import SignalPool
 from reprorl.policy import LoadedModel
 from reprorl.policy.digest import text_hash
@@ -195,7 +196,11 @@ def _learning(loop: TrainLoop, runner: RolloutRunner) -> dict[str, Any]:
         "learning.kl.reference": "initial" if loop.trainer.pinned is not None else "base",
         "learning.correction": CORRECTIONS.get(type(correction), "none"),
         "learning.tis_cap": getattr(correction, "cap", learning.tis_cap),
-        "learning.temperature": runner.params.temperature,
+        # The sampler's, where the trainer's logprobs are at the same temperature; else the trainer's,
+        # which then disagrees with the spec.
+        "learning.temperature": runner.params.temperature
+        if loop.trainer.temperature == trained_temperature(runner.params.temperature)
+        else loop.trainer.temperature,
         "learning.top_p": runner.params.top_p,
         "learning.top_k": runner.params.top_k,
         "learning.max_tokens": runner.params.max_tokens,

@@ -40,7 +40,22 @@ def eval_suites(store: Store, spec: RunSpec) -> list[Suite]:
 
 
 def build_trainer(store: Store, loaded: LoadedModel, spec: RunSpec) -> LocalTrainer:
-    """The trainer of `model.adapter`: a LoRA adapter (new, or `model.init_adapter`), or every weight."""
+    """The trainer of `model.adapter`: a LoRA adapter (new, or `model.init_adapter`), or every weight.
+
+    Its logprobs are at `learning.temperature`, the distribution the rollouts are sampled from (the
+    sampler's logprobs are too), so the loss's ratios compare like with like."""
+    trainer = _trainer(store, loaded, spec)
+    trainer.temperature = trained_temperature(spec.learning.temperature)
+    return trainer
+
+
+def trained_temperature(sampled: float) -> float:
+    """The temperature a trainer computes logprobs at for rollouts sampled at `sampled`: the same,
+    except greedy sampling (0), whose logprobs the sampler reports under the unscaled distribution."""
+    return sampled if sampled > 0 else 1.0
+
+
+def _trainer(store: Store, loaded: LoadedModel, spec: RunSpec) -> LocalTrainer:
     adapter = spec.model.adapter
     if not isinstance(adapter, LoraAdapter):
         if spec.model.init_adapter is not None:

@@ -368,13 +368,13 @@ class LearningSpec(SpecModel):
     sft_steps: int = Field(default=0, ge=0, description="SFT warm-start steps before RL.")
     sft_lr: float = Field(default=1e-3, gt=0.0, lt=1.0, description="Learning rate of the SFT warm start.")
     sft_batch_size: int = Field(default=8, ge=1, description="Demonstrations per SFT step.")
-    sft_temperature: float | None = Field(
-        default=None,
+    sft_temperature: float = Field(
+        default=1.0,
         gt=0.0,
         description="Temperature the warm start's cross-entropy fits the demonstrations at (logits "
-        "divided by it); None: learning.temperature. RL sampling at a temperature above it explores "
-        "around what the demonstrations taught; at the same one, a warm start that fits them closely "
-        "samples nearly the same episode in every group member.",
+        "divided by it); 1.0 is plain cross-entropy. RL sampling below it sharpens what the "
+        "demonstrations taught (held-out success rises, groups agree more often); at or above it, "
+        "group members differ more and RL sees more signal.",
     )
     sft_imperfect_fraction: float = Field(
         default=0.0, ge=0.0, le=1.0, description="Share of SFT demos made deliberately wrong."

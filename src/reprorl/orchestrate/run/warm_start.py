@@ -87,7 +87,7 @@ async def warm_start_run(
     shutil.rmtree(record.path / "sft-adapter", ignore_errors=True)  # a killed earlier attempt
     demonstrated = demonstrated_tasks(tasks, learning.sft_demonstrations, spec.seed)
     rl_temperature = trainer.temperature
-    trainer.temperature = learning.sft_temperature or rl_temperature
+    trainer.temperature = learning.sft_temperature
     try:
         warm = await sft_warm_start(
             loaded,

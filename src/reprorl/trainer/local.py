@@ -48,6 +48,21 @@ def by_length(data: Sequence[Datum]) -> list[int]:
     return sorted(range(len(data)), key=lambda i: len(data[i].input_ids))
 
 
+def micro_batches(lengths: Sequence[int], max_rows: int, max_positions: int) -> list[list[int]]:
+    """Consecutive runs of rows (given sorted by length) to run together: at most `max_rows` rows,
+    and at most `max_positions` once padded to the longest (a row longer than that runs alone).
+    Padding costs what a real position costs, in the weights' GEMMs and in attention, which grows
+    with the square of the width: on a sql step of 8 rows of 400 to 1,676 tokens, 8 rows at a time
+    run 13,408 padded positions for 8,036 real ones."""
+    out: list[list[int]] = []
+    for i, n in enumerate(lengths):
+        if out and len(out[-1]) < max_rows and (len(out[-1]) + 1) * n <= max_positions:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
 def _token_weight(data: Sequence[Datum]) -> float:
     return float(sum(sum(d.mask[1:]) for d in data))
 
@@ -89,6 +104,7 @@ class LocalTrainer:
         *,
         base_hash: str,
         micro_batch: int = 8,
+        max_positions: int = 4096,
         temperature: float = 1.0,
         autocast_bf16: bool = False,
         device: torch.device | None = None,
@@ -97,6 +113,8 @@ class LocalTrainer:
         cast(torch.nn.Module, model).to(self.device)  # in place; transformers' `to` hides torch's type
         self.model, self.tokenizer, self.base_hash = model, tokenizer, base_hash
         self.micro_batch, self.temperature = micro_batch, temperature
+        # A micro-batch's padded positions at most (see `micro_batches`); it also bounds its memory.
+        self.max_positions = max_positions
         # bf16 matmuls (tensor cores; AMX / AVX-512 BF16 where the CPU has them) with float32
         # master weights.
         self.autocast_bf16 = autocast_bf16
@@ -209,8 +227,8 @@ class LocalTrainer:
         order = by_length(data)
         out: list[torch.Tensor | None] = [None] * len(data)
         with torch.no_grad():
-            for start in range(0, len(order), self.micro_batch):
-                rows = order[start : start + self.micro_batch]
+            for cut in self._cuts([data[i] for i in order]):
+                rows = [order[j] for j in cut]
                 chunk = [data[i] for i in rows]
                 logprobs, _, _ = self._logprobs(chunk, learned_only=learned_only)
                 for i, row in enumerate(rows):
@@ -243,9 +261,12 @@ class LocalTrainer:
                 cache = model.model(input_ids=ids[:1, :shared], use_cache=True).cache
                 cache.batch_repeat_interleave(len(chunk))
             width = ids.shape[1]
+            # Rows are right-padded: under the causal mask a real token sees only real tokens, so
+            # without a shared prefix no padding mask is passed, and attention runs its causal
+            # kernel, which skips the blocks above the diagonal (half the work).
             hidden = model.model(
                 input_ids=ids[:, shared:],
-                attention_mask=collated.attention_mask,
+                attention_mask=collated.attention_mask if shared else None,
                 position_ids=torch.arange(shared, width, device=self.device)[None].expand(len(chunk), -1),
                 cache=cache,
                 use_cache=cache is not None,
@@ -261,6 +282,9 @@ class LocalTrainer:
             keep, picked
         )
         return logprobs, collated.batch, total
+
+    def _cuts(self, rows: Sequence[Datum]) -> list[list[int]]:
+        return micro_batches([len(d.input_ids) for d in rows], self.micro_batch, self.max_positions)
 
     def rows_to_run(self, data: Sequence[Datum], loss: Loss) -> list[int]:
         """The rows `forward_backward` runs: those the loss is not inert on. Where it is inert on every
@@ -293,8 +317,8 @@ class LocalTrainer:
         whole, ran = weight(data), weight(run)
         metrics: dict[str, float] = {}
         entropy_sum, positions = 0.0, 0
-        for start in range(0, len(run), self.micro_batch):
-            chunk = run[start : start + self.micro_batch]
+        for cut in self._cuts(run):
+            chunk = [run[j] for j in cut]
             share = weight(chunk) / whole
             if share == 0:
                 continue

@@ -76,6 +76,10 @@ def server_args(
         str(seed),
         "--gpu-memory-utilization",
         str(spec.memory_fraction),
+        # Logprobs of the distribution tokens are drawn from (after temperature, and top-k / top-p
+        # where set), which the trainer scores them under; the default is the unscaled one.
+        "--logprobs-mode",
+        "processed_logprobs",
         # A chunked prefill discards the token it sampled and rewinds the request's generator,
         # which a CPU generator cannot do: seeded requests would crash a CPU server's engine.
         *([] if _cuda() else ["--no-enable-chunked-prefill"]),

@@ -400,6 +400,10 @@ class LocalTrainer:
         pinned = {k.removeprefix("reference/"): t for k, t in tensors.items() if k.startswith("reference/")}
         if pinned:
             self.pin_reference(pinned)
+        elif self.pinned is not None:  # the checkpoint's reference is the base
+            if self.reference is not None:
+                raise ValueError("this trainer's frozen copy holds pinned weights, not the base's")
+            self.pinned = None
         torch.set_rng_state(tensors["rng/torch"])
         self.model.train(False)
 

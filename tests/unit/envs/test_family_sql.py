@@ -214,6 +214,7 @@ def test_engine_errors_are_split_by_their_result_code() -> None:
     assert statement_fault(constraint)
     assert statement_fault(sqlite3.ProgrammingError("You can only execute one statement at a time."))
     assert not statement_fault(sqlite3.DatabaseError("file is not a database"))
+    assert not statement_fault(sqlite3.ProgrammingError("Cannot operate on a closed database."))
 
 
 def test_runaway_query_is_stopped_and_classified_as_a_tool_exception(ctx: SimpleNamespace) -> None:

@@ -179,6 +179,7 @@ def test_the_servers_reprorl_starts_get_the_flags_the_spec_asks_for(
     assert flags["--model"] == str(tmp_path / "base") and flags["--host"] == "{host}"
     assert flags["--max-loras"] == "5" and flags["--max-lora-rank"] == "32" and flags["--seed"] == "11"
     assert flags["--dtype"] == "bfloat16" and "--enable-lora" in argv and argv[-1] == "--enforce-eager"
+    assert flags["--logprobs-mode"] == "processed_logprobs"  # temperature-scaled, as the trainer's
     assert env["VLLM_BATCH_INVARIANT"] == "1" and env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     # The address goes in where the server starts: loopback unless a Ray node's is asked for.
     child = local_launch(60, None)(0, argv, env)

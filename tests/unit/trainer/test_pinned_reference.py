@@ -75,7 +75,9 @@ def test_an_unpinned_checkpoint_loads_with_the_base_as_reference(tmp_path: Path)
     base = trainer.reference_logprobs(DATA)
     _train(trainer, 2)
     trainer.save_state(tmp_path)
-    resumed = _trainer("lora")
-    resumed.load_state(tmp_path)
-    assert resumed.reference_version is None
-    assert _same(resumed.reference_logprobs(DATA), base)
+    for resumed in (_trainer("lora"), trainer):  # a fresh trainer, and one pinned since the save
+        if resumed is trainer:
+            trainer.pin_reference()
+        resumed.load_state(tmp_path)
+        assert resumed.reference_version is None
+        assert _same(resumed.reference_logprobs(DATA), base)

@@ -253,14 +253,19 @@ _STATEMENT_CODES = frozenset(
 )
 
 
+# The sqlite3 module's own errors about the statement it was given (a closed connection or a
+# cursor used from another thread would be the tool's bug).
+_CALLER_MISUSE = ("You can only execute one statement at a time", "Incorrect number of bindings")
+
+
 def statement_fault(error: sqlite3.Error) -> bool:
     """Whether an engine error is the caller's: a statement that does not parse, names a column or
     table the database lacks, breaks a constraint or misuses the API (two statements, missing
     bindings). Caller mistakes are invalid arguments, which the record attributes to the model; a
     tool exception would say the tool broke."""
     name = getattr(error, "sqlite_errorname", None)
-    if name is None:  # raised by the Python module itself, before the engine ran
-        return isinstance(error, sqlite3.ProgrammingError)
+    if name is None:  # raised by the Python module itself: only its complaints about the statement
+        return isinstance(error, sqlite3.ProgrammingError) and str(error).startswith(_CALLER_MISUSE)
     return "_".join(str(name).split("_")[:2]) in _STATEMENT_CODES
 
 

@@ -26,10 +26,13 @@ measured at, its per-task held-out success and its CPU minutes. A run whose spec
 the ledger holds is read from there instead of trained, so a table is built over several sittings
 (one seed or family at a time) and the pooled line covers them all; each row names the commit that
 measured it.
-`--no-train` prints only what the ledger holds.
+`--no-train` prints only what the ledger holds. `--train N` trains on N tasks per family drawn by the
+family's generator (the shipped set is its first 64) instead of the shipped set: with
+`learning.sft_demonstrations` the warm start (and the SFT control) sees a few demonstrated tasks while
+RL practises on every task, only a verifier to tell it how it did.
 
     .venv/bin/python bench/learning.py [--families calc sql files mixed] [--seeds 0 1 2] [--control sft]
-        [--steps N] [--lr LR] [--heldout 128] [--recipe FILE] [--set FIELD=VALUE ...] [--keep DIR]
+        [--steps N] [--lr LR] [--heldout 128] [--train N] [--recipe FILE] [--set FIELD=VALUE ...] [--keep DIR]
         [--ledger FILE] [--no-train]
 """
 
@@ -119,15 +122,19 @@ def append_ledger(path: Path, measured: Measured) -> None:
         out.write(json.dumps(asdict(measured), sort_keys=True) + "\n")
 
 
-def register(store: Store, family: str, heldout: int) -> list[str]:
-    """The train split as shipped and a held-out suite (eval + holdout splits, `heldout` tasks);
-    `mixed` merges the three train sets into `mixed-train`. Returns the held-out suites' names."""
+def register(store: Store, family: str, heldout: int, train: int | None = None) -> list[str]:
+    """The train split as shipped (or, with `train`, that many drawn by the family's generator, the
+    shipped ones first) and a held-out suite (eval + holdout splits, `heldout` tasks); `mixed` merges
+    the three train sets into `mixed-train`. Returns the held-out suites' names."""
     store.add("smollm2-135m-instruct", bundled_gguf(), kind="model")
     parts = MIXED if family == "mixed" else (family,)
     trains: list[TaskSet] = []
     for part in parts:
-        with resources.as_file(resources.files("reprorl") / "examples" / f"{part}-train.jsonl") as path:
-            trains.append(TaskSet.from_jsonl(f"{part}-train", path.read_bytes()))
+        if train is None:
+            with resources.as_file(resources.files("reprorl") / "examples" / f"{part}-train.jsonl") as path:
+                trains.append(TaskSet.from_jsonl(f"{part}-train", path.read_bytes()))
+        else:
+            trains.append(GENERATORS[part].generate(0, train=train, eval=0, holdout=0)[Split.TRAIN])
         sets = GENERATORS[part].generate(0, eval=heldout // 2, holdout=heldout - heldout // 2)
         tasks = sets[Split.EVAL].tasks + sets[Split.HOLDOUT].tasks
         store.add_bytes(
@@ -292,6 +299,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="RL steps (default: the recipe's)")
     parser.add_argument("--lr", type=float, default=None, help="RL learning rate (default: the recipe's)")
     parser.add_argument("--heldout", type=int, default=128, help="held-out tasks per family")
+    parser.add_argument(
+        "--train", type=int, default=None, help="train tasks per family, generated (default: the shipped set)"
+    )
     parser.add_argument("--families", nargs="+", default=["calc"], choices=[*GENERATORS, "mixed"])
     parser.add_argument("--recipe", type=Path, default=None, help="one spec for every family")
     parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="spec overrides")
@@ -312,7 +322,7 @@ def main() -> None:
             pooled: dict[str, tuple[dict[str, float], dict[str, float]]] = {}
             for seed in args.seeds:
                 store = Store(root / f"{family}-{seed}")
-                suites = register(store, family, args.heldout)
+                suites = register(store, family, args.heldout, args.train)
                 spec = spec_for(store, family, seed, suites, args)
                 rl = asyncio.run(run(store, spec, args.ledger, not args.no_train))
                 if rl is None:
@@ -326,12 +336,12 @@ def main() -> None:
                         print(f"{family:<6}{'':<14}{seed:>4}  its control is not in the ledger")
                 for suite in sorted(rl.last):
                     print(row(family, seed, suite, rl, control, extra), flush=True)
-                if (line := bound_line(rl, rates)) is not None:
-                    print(line, flush=True)
-                    if control is not None:
+                    if control is not None:  # every suite's pairs, seed x task
                         a, b = pooled.setdefault(suite, ({}, {}))
                         a.update({f"{seed}/{t}": v for t, v in rl.last[suite].items()})
                         b.update({f"{seed}/{t}": v for t, v in control.first[suite].items()})
+                if (line := bound_line(rl, rates)) is not None:
+                    print(line, flush=True)
             for suite, (a, b) in sorted(pooled.items()):
                 pooled_margin = margin(a, b, 0, suite)
                 print(f"{family:<6}{suite:<14} pooled over seeds {args.seeds}: RL - control {pooled_margin}")

@@ -9,6 +9,7 @@ rendered tool results are context only (mask 0).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -159,4 +160,27 @@ def _optional(rows: Sequence[tuple[float, ...] | None], width: int) -> torch.Ten
     out = torch.zeros((len(rows), width), dtype=torch.float32)
     for i, r in enumerate(rows):
         out[i, : len(r or ())] = torch.tensor(r)
+    return out
+
+
+def with_logprobs(
+    data: Sequence[Datum],
+    *,
+    proximal: Sequence[torch.Tensor] | None = None,
+    reference: Sequence[torch.Tensor] | None = None,
+) -> list[Datum]:
+    """`data` carrying the trainer-computed logprobs (as `token_logprobs` returns them, per datum)."""
+
+    def per_token(values: torch.Tensor | None) -> tuple[float, ...] | None:
+        return None if values is None else (0.0, *values.tolist())
+
+    out = []
+    for i, d in enumerate(data):
+        out.append(
+            dataclasses.replace(
+                d,
+                proximal_logprobs=per_token(proximal[i]) if proximal is not None else d.proximal_logprobs,
+                reference_logprobs=per_token(reference[i]) if reference is not None else d.reference_logprobs,
+            )
+        )
     return out

@@ -9,7 +9,6 @@ be saved as a standard peft / transformers folder.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,51 +23,20 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from reprorl.algos.base import Loss, TokenBatch
 from reprorl.config.spec import LoraAdapter
 from reprorl.policy import LoadedModel, apply_lora_spec, save_adapter, save_model, tensors_hash, tree_hash
+from reprorl.trainer.batching import (
+    MIN_SHARED_PREFIX,
+    by_length,
+    micro_batches,
+    sequence_weight,
+    shared_prefix,
+    token_weight,
+)
 from reprorl.trainer.data import Datum, collate, inert
 from reprorl.trainer.device import pick_device
 
 # What a loss reports of its own value: zero on a row it is inert on, so summed over the rows run
 # with each one's share of the whole batch they are the whole batch's.
 LOSS_VALUES = frozenset({"loss", "pg_loss", "nll"})
-# Rows sharing a shorter prefix than this are run whole: a separate pass would cost more than it saves.
-MIN_SHARED_PREFIX = 16
-
-
-def _shared_prefix(ids: torch.Tensor) -> int:
-    """Length of the prefix every row of `ids` starts with."""
-    differs = (ids != ids[:1]).any(dim=0)
-    return int(differs.long().argmax()) if bool(differs.any()) else ids.shape[1]
-
-
-def by_length(data: Sequence[Datum]) -> list[int]:
-    """Row indices shortest first: a micro-batch is padded to its longest row, and rows of one length
-    waste nothing. Group members share their task's prompt, but every row of a run shares the system
-    prompt and the tool schemas, most of a prompt, which the micro-batch's shared prefix runs once: on
-    a sql step of 24 rows, 12,672 positions to run sorted against 18,502 in group order."""
-    return sorted(range(len(data)), key=lambda i: len(data[i].input_ids))
-
-
-def micro_batches(lengths: Sequence[int], max_rows: int, max_positions: int) -> list[list[int]]:
-    """Consecutive runs of rows (given sorted by length) to run together: at most `max_rows` rows,
-    and at most `max_positions` once padded to the longest (a row longer than that runs alone).
-    Padding costs what a real position costs, in the weights' GEMMs and in attention, which grows
-    with the square of the width: on a sql step of 8 rows of 400 to 1,676 tokens, 8 rows at a time
-    run 13,408 padded positions for 8,036 real ones."""
-    out: list[list[int]] = []
-    for i, n in enumerate(lengths):
-        if out and len(out[-1]) < max_rows and (len(out[-1]) + 1) * n <= max_positions:
-            out[-1].append(i)
-        else:
-            out.append([i])
-    return out
-
-
-def _token_weight(data: Sequence[Datum]) -> float:
-    return float(sum(sum(d.mask[1:]) for d in data))
-
-
-def _sequence_weight(data: Sequence[Datum]) -> float:
-    return float(sum(any(d.mask[1:]) for d in data))
 
 
 class AdamParams(BaseModel):
@@ -253,7 +221,7 @@ class LocalTrainer:
         ids, shared = collated.input_ids, 0
         if len(chunk) > 1:
             first_kept = int(keep.any(dim=0).long().argmax()) if bool(keep.any()) else keep.shape[1]
-            shared = min(_shared_prefix(ids), first_kept)
+            shared = min(shared_prefix(ids), first_kept)
             shared = shared if shared >= MIN_SHARED_PREFIX else 0
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast_bf16):
             cache = None
@@ -313,7 +281,7 @@ class LocalTrainer:
             raise ValueError("the batch has no tokens to learn from (every mask is 0)")
         run = [data[i] for i in self.rows_to_run(data, loss)]
         run = [run[i] for i in by_length(run)]
-        weight = _token_weight if loss.mean == "token" else _sequence_weight
+        weight = token_weight if loss.mean == "token" else sequence_weight
         whole, ran = weight(data), weight(run)
         metrics: dict[str, float] = {}
         entropy_sum, positions = 0.0, 0
@@ -331,7 +299,7 @@ class LocalTrainer:
                 scale = 1.0 if key == "tokens" else share if key in LOSS_VALUES else weight(chunk) / ran
                 metrics[key] = metrics.get(key, 0.0) + value * scale
         metrics["loss"] = metrics.get("nll", metrics.get("loss", 0.0))
-        learned = _token_weight(run)
+        learned = token_weight(run)
         if learned > 0:
             metrics["entropy"] = entropy_sum / learned
         metrics["skipped_rows"] = float(len(data) - len(run))
@@ -417,26 +385,3 @@ class LocalTrainer:
             return save_adapter(self.model, directory, base_hash=self.base_hash)
         save_model(self.model, self.tokenizer, directory)
         return tree_hash(directory)
-
-
-def with_logprobs(
-    data: Sequence[Datum],
-    *,
-    proximal: Sequence[torch.Tensor] | None = None,
-    reference: Sequence[torch.Tensor] | None = None,
-) -> list[Datum]:
-    """`data` carrying the trainer-computed logprobs (as `token_logprobs` returns them, per datum)."""
-
-    def per_token(values: torch.Tensor | None) -> tuple[float, ...] | None:
-        return None if values is None else (0.0, *values.tolist())
-
-    out = []
-    for i, d in enumerate(data):
-        out.append(
-            dataclasses.replace(
-                d,
-                proximal_logprobs=per_token(proximal[i]) if proximal is not None else d.proximal_logprobs,
-                reference_logprobs=per_token(reference[i]) if reference is not None else d.reference_logprobs,
-            )
-        )
-    return out

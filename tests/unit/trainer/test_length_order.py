@@ -10,7 +10,7 @@ import torch
 from reprorl.algos import CrossEntropy
 from reprorl.policy import tiny_model
 from reprorl.trainer import Datum, LocalTrainer
-from reprorl.trainer.local import by_length, micro_batches
+from reprorl.trainer.batching import by_length, micro_batches
 
 LENGTHS = [9, 4, 12, 5, 7, 4, 11, 6]
 DATA = [

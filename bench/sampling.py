@@ -16,7 +16,7 @@ count. Each figure is the best of `--repeat` runs after one warm-up (the machine
 Each dtype also prints where a `LocalSampler` run's time goes, from one run under the torch
 profiler: each operator's own time attributed to the GEMMs (the packed linears and the head), the
 attention over the KV cache (SDPA), the norms and the rotary embedding (the model's modules, marked
-by hooks), sampling (`_choose`, marked by a wrapper), other operators, and the time outside any
+by hooks), sampling (`choose`, marked by a wrapper), other operators, and the time outside any
 operator (Python, the loop, the framework). Shares, not times: the profiler adds its own cost.
 """
 
@@ -175,13 +175,13 @@ def phase_profile(sampler: LocalSampler, prompts: list[list[int]], max_tokens: i
     for module, region in marked:
         handles.append(module.register_forward_pre_hook(_enter(region)))
         handles.append(module.register_forward_hook(_leave))
-    choose = sampling_module._choose
+    choose = sampling_module.choose
 
     def marked_choose(*args: Any, **kwargs: Any) -> Any:
         with torch.profiler.record_function("sampling"):
             return choose(*args, **kwargs)
 
-    sampling_module._choose = marked_choose
+    sampling_module.choose = marked_choose
     try:
         # The decode itself, on this thread: the sampler hands it to a thread of its own, which
         # the profiler (enabled per thread) would not see.
@@ -198,7 +198,7 @@ def phase_profile(sampler: LocalSampler, prompts: list[list[int]], max_tokens: i
             wall_us = (time.perf_counter() - start) * 1e6
         assert sum(len(r.tokens) for r in rows) == len(prompts) * max_tokens
     finally:
-        sampling_module._choose = choose
+        sampling_module.choose = choose
         for handle in handles:
             handle.remove()
     spent = dict.fromkeys(PHASES, 0.0)

@@ -7,204 +7,34 @@ before step 0, so a result can always be traced back to exactly this document.
 
 from __future__ import annotations
 
-import math
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import (
-    Discriminator,
-    Field,
-    SerializerFunctionWrapHandler,
-    Tag,
-    model_serializer,
-    model_validator,
-)
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from reprorl.config.agent import AgentSpec
 from reprorl.config.base import Owner, SpecModel
-from reprorl.config.engine import VllmEngine
-from reprorl.config.judge import JudgeTable
+from reprorl.config.data import DataSpec, NoiseSpec
 from reprorl.config.loss import LossTable, default_loss
-from reprorl.config.screen import SignalScreen
+from reprorl.config.model import FullFineTune, LoraAdapter, ModelSpec, RemoteInference
 from reprorl.hashing import content_hash
 from reprorl.refs import ArtifactRef
 
-
-class LoraAdapter(SpecModel):
-    """Train a LoRA adapter on top of the frozen base weights."""
-
-    kind: Literal["lora"] = "lora"
-    rank: int = Field(default=16, ge=1, le=1024, description="LoRA rank r.")
-    alpha: float = Field(default=32.0, gt=0, description="LoRA scaling numerator (scale = alpha/r).")
-    dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA input.")
-    targets: tuple[str, ...] = Field(
-        default=("q_proj", "k_proj", "v_proj", "o_proj"),
-        min_length=1,
-        description="Module names that receive adapters.",
-    )
-
-
-class FullFineTune(SpecModel):
-    """Train every weight of the base model."""
-
-    kind: Literal["full"] = "full"
-
-
-def _adapter_kind(value: Any) -> str:
-    # A table without `kind` is a LoRA adapter, so `model.adapter.rank=4` works on its own.
-    kind = value.get("kind", "lora") if isinstance(value, dict) else getattr(value, "kind", "lora")
-    return str(kind)
-
-
-class RemoteInference(SpecModel):
-    """An OpenAI-compatible server that samples for the run (vLLM, SGLang, `reprorl serve policy`)."""
-
-    url: str = Field(
-        pattern=r"^https?://", description="Base URL of the server's API, e.g. 'http://127.0.0.1:8000/v1'."
-    )
-    model: str = Field(min_length=1, description="Model name the server serves (as in its /v1/models).")
-    timeout_s: float = Field(default=120.0, gt=0.0, le=3600.0, description="Per-request timeout, seconds.")
-    retries: int = Field(default=3, ge=0, le=20, description="Retries after a connection error, 429 or 5xx.")
-
-
-class ModelSpec(SpecModel):
-    """Which weights the run starts from and which of them it trains."""
-
-    owner: Owner
-    base: ArtifactRef = Field(description="Base model artifact, e.g. 'smollm2-135m@sha256:<hash>'.")
-    init_adapter: ArtifactRef | None = Field(
-        default=None, description="Adapter to start from (e.g. an SFT warm start); none = fresh."
-    )
-    adapter: Annotated[
-        Annotated[LoraAdapter, Tag("lora")] | Annotated[FullFineTune, Tag("full")],
-        Discriminator(
-            _adapter_kind,
-            custom_error_type="adapter_kind",
-            custom_error_message="adapter kind must be 'lora' or 'full'",
-        ),
-    ] = Field(default_factory=LoraAdapter, description="What is trained; `kind` defaults to 'lora'.")
-    inference: RemoteInference | None = Field(
-        default=None,
-        description="Sample through this server instead of in this process; its batches are not "
-        "recorded, so its rollouts cannot be replayed bit for bit.",
-    )
-    vllm: VllmEngine | None = Field(
-        default=None,
-        description="Sample the run's rollouts with vLLM instead of in this process (LoRA only); "
-        "see docs/scaling.md.",
-    )
-    sampling_dtype: Literal["float32", "bfloat16"] = Field(
-        default="float32",
-        description="Precision the local sampler runs in; bfloat16 is faster where the CPU has it, and "
-        "the trainer's importance weights correct the mismatch.",
-    )
-    chat_template: ArtifactRef | None = Field(
-        default=None, description="Override of the model's own chat template; none = its own."
-    )
-
-
-class NoiseSpec(SpecModel):
-    """Tool noise injected on purpose, seeded per episode, part of the environment's version."""
-
-    latency_s: float = Field(default=0.0, ge=0.0, le=60.0, description="Added latency per tool call.")
-    latency_sigma: float = Field(
-        default=0.0,
-        ge=0.0,
-        le=4.0,
-        description="Lognormal spread of the added latency: latency_s * exp(sigma * z), z ~ N(0, 1), "
-        "a heavy tail; 0 = fixed.",
-    )
-    jitter_s: float = Field(default=0.0, ge=0.0, le=60.0, description="Uniform extra latency, 0..jitter.")
-    timeout_p: float = Field(default=0.0, ge=0.0, le=1.0, description="Chance a call times out.")
-    transient_error_p: float = Field(
-        default=0.0, ge=0.0, le=1.0, description="Chance a call fails with a retryable infra error."
-    )
-    stale_p: float = Field(
-        default=0.0, ge=0.0, le=1.0, description="Chance a read-only call sees the episode's start state."
-    )
-    truncate_p: float = Field(
-        default=0.0, ge=0.0, le=1.0, description="Chance a call's output is cut short (and flagged)."
-    )
-
-    @property
-    def active(self) -> bool:
-        return any(v > 0 for v in self.model_dump().values())
-
-
-LATER_DATA_FIELDS = ("family_weights", "screen")
-
-
-class DataSpec(SpecModel):
-    """What the agent practises on; each task names its family, whose env version every rollout records."""
-
-    owner: Owner
-    train: ArtifactRef = Field(description="Training task set, e.g. 'calc-train@v2'.")
-    tool_output_chars: int = Field(
-        default=4096, gt=0, description="Tool output longer than this is truncated and flagged."
-    )
-    noise: NoiseSpec = Field(default_factory=NoiseSpec, description="Tool noise injection.")
-    family_weights: dict[str, float] | None = Field(
-        default=None,
-        description="How each step's tasks are shared among the env families of data.train, as "
-        "weights (normalised): every step draws each family's quota of tasks_per_step (largest "
-        "remainder), so a mixed-family run trains on every weighted family at every step. A family "
-        "of weight 0 is not drawn. None: one draw from the whole set, whatever its families.",
-    )
-    screen: SignalScreen | None = Field(
-        default=None,
-        description="In-loop screening, e.g. { rest_steps = 8 }: a task whose group taught nothing rests "
-        "that many steps and each step draws from the others (seed 004's trainable signal); the tasks "
-        "that last showed signal are registered as `<train>-signal`. None: every task is drawn alike.",
-    )
-    reward_weights: dict[str, float] = Field(
-        default_factory=lambda: {"outcome": 1.0},
-        description="Weight of each reward component in the total; unlisted components count 0.",
-    )
-    verifier_timeout_s: float = Field(
-        default=30.0,
-        gt=0.0,
-        le=3600.0,
-        description="Time one verifier call may take; past it the rollout is unscored (verifier_timeout) "
-        "and left out of training, unless the agent's final state caused it.",
-    )
-    max_invalid_actions: int = Field(
-        default=3, ge=1, description="Consecutive unparsable or invalid actions that end an episode."
-    )
-    tool_permissions: tuple[Literal["read", "write", "network", "human"], ...] = Field(
-        default=("read", "write", "human"),
-        description="Permission scopes tools may use; a call to a tool outside them is denied.",
-    )
-    judge: JudgeTable | None = Field(
-        default=None,
-        description="An LLM judge scoring every rollout, a table chosen by `kind` (see the judge tables "
-        "below); its score is the reward component 'judge', weighed by reward_weights. A judge its "
-        "robustness audit refused (or never audited) is refused.",
-    )
-
-    @model_serializer(mode="wrap")
-    def _later_fields_left_out(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # Fields added after the first release are left out of every dump while unset, so the spec
-        # documents (and hashes) of earlier runs read the same as before they existed.
-        data: dict[str, Any] = handler(self)
-        for name in LATER_DATA_FIELDS:
-            if data.get(name, ...) is None:
-                del data[name]
-        return data
-
-    @model_validator(mode="after")
-    def _family_weights_are_shares(self) -> DataSpec:
-        weights = self.family_weights
-        if weights is not None:
-            if any(not math.isfinite(w) or w < 0 for w in weights.values()):
-                raise ValueError("family_weights must be finite and >= 0, e.g. { calculator = 1, sql = 2 }")
-            if not any(w > 0 for w in weights.values()):
-                raise ValueError("family_weights gives no family a weight above 0; give one, or remove it")
-        return self
-
-    @model_validator(mode="after")
-    def _judge_is_weighed(self) -> DataSpec:
-        if self.judge is not None and not self.reward_weights.get("judge"):
-            raise ValueError("data.judge is set but reward_weights gives 'judge' no weight; add judge = 1.0")
-        return self
+__all__ = [
+    "BudgetSpec",
+    "DataSpec",
+    "EvaluationSpec",
+    "FullFineTune",
+    "KLPenalty",
+    "LearningSpec",
+    "LoraAdapter",
+    "ModelSpec",
+    "NoiseSpec",
+    "PipelineSpec",
+    "PriceTable",
+    "RemoteInference",
+    "RollbackRule",
+    "RunSpec",
+]
 
 
 class KLPenalty(SpecModel):

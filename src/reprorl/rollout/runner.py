@@ -1,14 +1,9 @@
 """The rollout runner: groups of G episodes per task, run concurrently against one sampler.
 
-Jobs are planned from the run's seed (`plan_groups`): member m of task t at step s gets the seed
-`derive_seed(run_seed, kind, s, t, m)`, so a rerun draws the same groups and members differ. The
-runner spreads jobs over `concurrency` lanes; each lane runs its jobs one after another, and the
-lanes' model turns are batched in lockstep (see `reprorl.rollout.model_policy`). The barrier says
-whose turns wait for each other: the whole batch's (`BatchBarrier`, the largest batches) or only a
-group's (`GroupBarrier`: with slow, uneven tools a group no longer waits for another's slowest
-call). Either way a batch depends on what its episodes did, never on timing. `ReadyBarrier`
-trades that for throughput: a group's turns, once all asked, join one open pool per sampler
-across calls, sampled with whatever else is waiting.
+The runner spreads jobs (`reprorl.rollout.jobs`: seeded per task and member) over `concurrency`
+lanes; each lane runs its jobs one after another, and the lanes' model turns are batched in lockstep
+(`reprorl.rollout.model_policy`), whose turns wait for each other as the barrier says
+(`reprorl.rollout.barriers`).
 
 An infrastructure failure (the sandbox would not start, the sampler raised) is not the agent's: the
 episode is run again from the start, up to `max_infra_retries` times. The failed attempt is kept as
@@ -20,13 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from functools import partial
 from types import TracebackType
-from typing import Protocol, Self
+from typing import Self
 
 from reprorl.config.spec import PriceTable
 from reprorl.envs.base import EnvConfig
@@ -38,150 +32,26 @@ from reprorl.policy.sampling import Sampler
 from reprorl.rewards import VerifierRunner
 from reprorl.rewards.isolation import DEFAULT_TIMEOUT_S
 from reprorl.rollout.agents import AgentDriver, AgentProgram, AgentProxy, agent_limits
+from reprorl.rollout.barriers import BARRIERS, Barrier, BatchBarrier, GroupBarrier, ReadyBarrier
 from reprorl.rollout.episode import Driver, EpisodeIds, EpisodeLimits, Policy, Provenance, run_episode
 from reprorl.rollout.families import FAMILIES, Family
+from reprorl.rollout.jobs import PolicyFactory, RolloutJob, plan_groups
 from reprorl.rollout.judging import RewardJudge, judged
-from reprorl.rollout.model_policy import Gate, Lockstep, ModelPolicy, OpenLockstep, PoolRound
-from reprorl.rollout.recorded_batches import RecordedBatches, RecordedRound, TurnSchedule
+from reprorl.rollout.model_policy import Gate, ModelPolicy
 from reprorl.types import SamplingParams, Split, Task, Termination, Trajectory
 
-
-@dataclass(frozen=True)
-class RolloutJob:
-    """One rollout to produce: a task, its place in a group, and its seed."""
-
-    task: Task
-    rollout_id: str
-    group_id: str
-    member: int
-    step: int
-    seed: int
-    # Lower is sampled first where more turns wait than a batch holds (the ready lockstep): the
-    # arrival-order producer gives a group its place in the start order, which is earliest deadline
-    # first. It never changes what is sampled.
-    priority: int = 0
-    # Sampling parameters in place of the runner's (an eval point's own temperature); None: the runner's.
-    params: SamplingParams | None = None
-
-
-PolicyFactory = Callable[[RolloutJob, str], Policy]
-"""Makes one episode's policy from its job and rollout id (scripted runs; see `with_policy`)."""
-
-
-def plan_groups(
-    tasks: Sequence[Task],
-    group_size: int,
-    *,
-    run_id: str,
-    run_seed: int,
-    step: int,
-    kind: str = "train",
-    seed_step: int | None = None,
-) -> list[RolloutJob]:
-    """G jobs per task; ids read `<run_id>/<kind>/<step>/<task_id>/<member>`.
-
-    Seeds derive from (run seed, kind, step, task, member); `seed_step` replaces the step in that
-    derivation, so evaluations at different steps can draw with the same seeds (paired points).
-    """
-    if group_size < 1:
-        raise ValueError("group_size must be at least 1")
-    jobs = []
-    for task in tasks:
-        group_id = f"{run_id}/{kind}/{step}/{task.id}"
-        for member in range(group_size):
-            jobs.append(
-                RolloutJob(
-                    task=task,
-                    rollout_id=f"{group_id}/{member}",
-                    group_id=group_id,
-                    member=member,
-                    step=step,
-                    seed=derive_seed(
-                        run_seed, kind, step if seed_step is None else seed_step, task.id, member
-                    ),
-                )
-            )
-    return jobs
-
-
-class Barrier(Protocol):
-    """Which episodes' model turns wait for each other, to be sampled as one batch."""
-
-    name: str
-
-    def parts(self, jobs: Sequence[RolloutJob], concurrency: int) -> tuple[list[list[int]], int]:
-        """Job indices that share a lockstep, part by part, and how many parts may run at once."""
-        ...
-
-    def lockstep(self, sampler: Sampler, max_batch: int, priority: int = 0) -> Gate:
-        """Where one part's model turns wait to be batched; `priority` is its jobs' (lower first,
-        where the barrier lets parts compete for a batch)."""
-        ...
-
-
-class BatchBarrier:
-    """Every episode of the batch: the largest batches, and each turn waits for the batch's slowest
-    tool call."""
-
-    name = "batch"
-
-    def parts(self, jobs: Sequence[RolloutJob], concurrency: int) -> tuple[list[list[int]], int]:
-        return [list(range(len(jobs)))], 1
-
-    def lockstep(self, sampler: Sampler, max_batch: int, priority: int = 0) -> Gate:
-        return Lockstep(sampler, max_batch=max_batch)
-
-
-class GroupBarrier(BatchBarrier):
-    """A group's members only: a turn waits for the slowest tool call of its own group, never of
-    another, at the price of more, smaller batches. Groups run whole, as many at once as
-    `concurrency` holds (at least one)."""
-
-    name = "group"
-
-    def parts(self, jobs: Sequence[RolloutJob], concurrency: int) -> tuple[list[list[int]], int]:
-        groups: dict[str, list[int]] = {}
-        for i, job in enumerate(jobs):
-            groups.setdefault(job.group_id, []).append(i)
-        largest = max((len(g) for g in groups.values()), default=1)
-        return list(groups.values()), max(1, concurrency // largest)
-
-
-class ReadyBarrier(GroupBarrier):
-    """A group's members wait for each other (as with `GroupBarrier`), then join one `OpenLockstep`
-    per sampler, shared by every batch and call: the groups waiting when the sampler comes free are
-    sampled together, so no group waits for another's tool call and batches still fill. Batches
-    depend on timing; each turn records its own."""
-
-    name = "ready"
-
-    def __init__(self, follow: TurnSchedule | None = None, run_id: str = "") -> None:
-        """`follow`: a recorded run's turn batches, which this barrier then samples every turn in
-        (`reprorl.rollout.recorded_batches`) instead of whatever is waiting; `run_id` is the
-        following run's, whose rollout ids stand for the recorded ones."""
-        self.follow, self.run_id = follow, run_id
-        self._open: weakref.WeakKeyDictionary[Sampler, OpenLockstep] = weakref.WeakKeyDictionary()
-        self._recorded: weakref.WeakKeyDictionary[Sampler, RecordedBatches] = weakref.WeakKeyDictionary()
-
-    def lockstep(self, sampler: Sampler, max_batch: int, priority: int = 0) -> Gate:
-        if self.follow is not None:
-            pool = self._recorded.get(sampler)
-            if pool is None:
-                pool = self._recorded[sampler] = RecordedBatches(
-                    sampler, self.follow, self.run_id, max_batch=max_batch
-                )
-            return RecordedRound(pool)
-        shared = self._open.get(sampler)
-        if shared is None:
-            shared = self._open[sampler] = OpenLockstep(sampler, max_batch=max_batch)
-        return PoolRound(shared, priority)
-
-
-BARRIERS: dict[str, type[BatchBarrier]] = {
-    "batch": BatchBarrier,
-    "group": GroupBarrier,
-    "ready": ReadyBarrier,
-}
+__all__ = [
+    "BARRIERS",
+    "Barrier",
+    "BatchBarrier",
+    "GroupBarrier",
+    "PolicyFactory",
+    "ReadyBarrier",
+    "RolloutJob",
+    "RolloutResult",
+    "RolloutRunner",
+    "plan_groups",
+]
 
 
 @dataclass

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from reprorl.policy import LoadedModel, tiny_model
-from reprorl.policy.sampling import LocalSampler, SampleRequest, filter_logits
+from reprorl.policy.draw import filter_logits
+from reprorl.policy.sampling import LocalSampler, SampleRequest
 from reprorl.types import SamplingParams
 
 

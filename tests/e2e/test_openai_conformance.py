@@ -21,6 +21,7 @@ from judge_server import serve
 from reprorl.actions import render_call
 from reprorl.policy import tiny_model
 from reprorl.policy.chat import ChatRenderer
+from reprorl.policy.http import HttpSampler
 from reprorl.policy.sampling import LocalSampler, Sample, SampleRequest
 from reprorl.serve import create_app
 
@@ -330,3 +331,13 @@ def test_inspect_ai_runs_an_eval_against_the_policy_server(
     )
     assert log.status == "success", log.error
     assert log.samples and log.samples[0].output.completion and log.samples[0].output.usage is not None
+
+
+def test_the_probe_sees_logprobs_after_temperature_from_the_policy_server(
+    real: tuple[str, LocalSampler],
+) -> None:
+    url, _ = real
+    with HttpSampler(url, MODEL) as sampler:
+        assert "logprobs" not in sampler.info()  # not yet known, so not recorded
+        assert sampler.probe_logprobs() == "processed"
+        assert sampler.info()["logprobs"] == "processed"

@@ -54,6 +54,8 @@ def test_every_rollout_is_sampled_by_vllm_from_the_adapter_of_its_step(
     record = train(tmp_path, capsys, model={"vllm": ENGINE}, learning={"steps": 3})
     rollouts = list(RolloutStore(record).trajectories())
     assert rollouts and all(t.sampler["kind"] == "vllm" and t.sampler["engine_version"] for t in rollouts)
+    # The server reprorl started reports logprobs after temperature, as the probe found and recorded.
+    assert all(t.sampler["logprobs"] == "processed" for t in rollouts)
     assert all(t.sampler["model"] == t.policy_version for t in rollouts)  # the adapter's name is its version
     by_step: dict[int, set[str]] = defaultdict(set)
     for t in rollouts:

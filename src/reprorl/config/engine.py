@@ -15,8 +15,9 @@ class VllmEngine(SpecModel):
 
     urls: tuple[str, ...] = Field(
         default=(),
-        description="Servers already running (each serving the run's base model, with LoRA enabled and "
-        "runtime LoRA updating allowed); none = reprorl starts `servers` of its own on 127.0.0.1.",
+        description="Servers already running (each serving the run's base model, with LoRA enabled, "
+        "runtime LoRA updating allowed and --logprobs-mode processed_logprobs, which a probe checks); "
+        "none = reprorl starts `servers` of its own on 127.0.0.1.",
     )
     servers: int = Field(default=1, ge=1, le=64, description="Servers reprorl starts when `urls` is empty.")
     host: Literal["127.0.0.1", "node"] = Field(

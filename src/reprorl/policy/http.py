@@ -20,6 +20,7 @@ from typing import Any, Self
 
 from reprorl.actions import CLOSE, OPEN, render_call
 from reprorl.errors import InferenceError, UserInputError
+from reprorl.policy.logprob_probe import LogprobsMode, probe_logprobs
 from reprorl.policy.sampling import FinishReason, Sample, SampleRequest
 from reprorl.policy.transport import Endpoint, Reply, RetryPolicy, snippet
 from reprorl.types import Message, SamplingParams
@@ -155,13 +156,21 @@ class HttpSampler(_Client):
             api_key_env=api_key_env,
             max_connections=max_concurrency,
         )
+        self.logprobs_mode: LogprobsMode | None = None  # set by `probe_logprobs`
 
     @property
     def base_url(self) -> str:
         return self._endpoint.base_url
 
     def info(self) -> dict[str, Any]:
-        return {"kind": "http", "base_url": self.base_url, "model": self.model}
+        known = {"logprobs": self.logprobs_mode} if self.logprobs_mode is not None else {}
+        return {"kind": "http", "base_url": self.base_url, "model": self.model, **known}
+
+    def probe_logprobs(self) -> LogprobsMode:
+        """Find out (two one-token requests) whether the server's logprobs are after temperature;
+        kept, and recorded by `info`."""
+        self.logprobs_mode = probe_logprobs(self._post, self.model)
+        return self.logprobs_mode
 
     def sample(self, requests: Sequence[SampleRequest]) -> list[Sample]:
         """Send every request concurrently; block until all are answered or one has failed."""

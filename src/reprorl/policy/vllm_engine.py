@@ -20,12 +20,14 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from reprorl.config.engine import VllmEngine
 from reprorl.errors import InferenceError
 from reprorl.policy.http import HttpSampler
+from reprorl.policy.logprob_probe import LogprobsMode, probe_logprobs
 from reprorl.policy.transport import Endpoint, Reply, RetryPolicy
 from reprorl.policy.vllm_server import BASE_NAME, Launch, VllmServer, local_launch, server_args
 
@@ -76,6 +78,7 @@ class RolloutEngine:
         self.dropped: set[int] = set()  # attached servers that went down
         self._endpoints: dict[int, tuple[str, Endpoint]] = {}
         self.engine_version = ""
+        self.logprobs_mode: LogprobsMode | None = None  # set by `probe_logprobs`
         self.reported: dict[str, Any] | None = None  # a view's record: the engine it asks on behalf of
 
     def start(self) -> None:
@@ -83,6 +86,17 @@ class RolloutEngine:
         with ThreadPoolExecutor(max_workers=len(self.servers)) as pool:
             list(pool.map(lambda s: s.start(), self.servers))
         self.engine_version = self.servers[0].version()
+
+    def probe_logprobs(self) -> LogprobsMode:
+        """Which logprobs the servers return (`reprorl.policy.logprob_probe`): "raw" if any server's
+        are, "processed" if every server's are, else "unknown"; kept, and recorded by `info`."""
+        modes = {
+            probe_logprobs(partial(self._endpoint(s).post, "/completions"), BASE_NAME)
+            for s in self.servers
+            if s.index not in self.dropped
+        }
+        self.logprobs_mode = "raw" if "raw" in modes else "processed" if modes == {"processed"} else "unknown"
+        return self.logprobs_mode
 
     def close(self) -> None:
         for server in self.servers:
@@ -104,6 +118,7 @@ class RolloutEngine:
             "batch_invariant": self.spec.batch_invariant,
             "extra_args": list(self.spec.extra_args),
             "deterministic": self.spec.batch_invariant,
+            **({"logprobs": self.logprobs_mode} if self.logprobs_mode is not None else {}),
         }
 
     def placement(self) -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,6 +16,7 @@ import pytest
 from reprorl.actions import CLOSE, parse_action
 from reprorl.errors import InferenceError, UserInputError
 from reprorl.policy.http import ChatClient, HttpSampler, RetryPolicy
+from reprorl.policy.logprob_probe import check_logprobs
 from reprorl.policy.sampling import SampleRequest
 from reprorl.types import Message, Role, SamplingParams, ToolCall
 
@@ -395,3 +397,47 @@ def test_chat_client_refusal_is_not_retried(fake: Fake) -> None:
     with ChatClient(fake.url, "m", retry=FAST) as client, pytest.raises(InferenceError) as caught:
         client.complete([Message(role=Role.USER, content="hi")], [], SamplingParams(), seed=0)
     assert caught.value.status == 401 and len(fake.script.hits) == 1
+
+
+LOGITS = {"token_id:3": 2.0, "token_id:4": 1.0, "token_id:5": 0.5, "token_id:6": 0.0, "token_id:7": -1.0}
+
+
+def top_logprobs(scaled: bool) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A server whose top logprobs are log-softmax of fixed logits, divided by the temperature or not."""
+
+    def answer(body: dict[str, Any]) -> dict[str, Any]:
+        t = float(body["temperature"]) if scaled else 1.0
+        total = math.log(sum(math.exp(z / t) for z in LOGITS.values()))
+        top = {k: z / t - total for k, z in LOGITS.items()}
+        lp = {"tokens": ["token_id:3"], "token_logprobs": [top["token_id:3"]], "top_logprobs": [top]}
+        return {"choices": [{"text": "a", "logprobs": lp, "finish_reason": "length"}]}
+
+    return answer
+
+
+@pytest.mark.parametrize(("scaled", "mode"), [(True, "processed"), (False, "raw")])
+def test_the_probe_tells_logprobs_after_temperature_from_raw_ones(
+    fake: Fake, scaled: bool, mode: str
+) -> None:
+    fake.script.default = (200, top_logprobs(scaled))
+    s = sampler(fake)
+    assert "logprobs" not in s.info()
+    assert s.probe_logprobs() == mode and s.info()["logprobs"] == mode
+    bodies = [body for _, body, _ in fake.script.hits]
+    assert [b["temperature"] for b in bodies] == [1.0, 0.5] and all(b["max_tokens"] == 1 for b in bodies)
+
+
+def test_a_server_without_top_logprobs_or_failing_leaves_the_mode_unknown(fake: Fake) -> None:
+    assert sampler(fake).probe_logprobs() == "unknown"  # the default answer has no top logprobs
+    fake.script.default = (400, {"error": {"message": "logprobs not supported"}})
+    assert sampler(fake).probe_logprobs() == "unknown"
+
+
+def test_raw_logprobs_are_refused_only_where_the_trainer_scores_otherwise() -> None:
+    for temperature in (0.0, 1.0):
+        check_logprobs("raw", temperature, where="the server", field="model.vllm.urls")
+    for mode in ("processed", "unknown"):
+        check_logprobs(mode, 0.7, where="the server", field="model.vllm.urls")  # type: ignore[arg-type]
+    with pytest.raises(UserInputError, match="--logprobs-mode processed_logprobs") as refused:
+        check_logprobs("raw", 0.7, where="the server", field="model.vllm.urls")
+    assert refused.value.field == "model.vllm.urls" and "learning.temperature = 0.7" in str(refused.value)

@@ -17,6 +17,7 @@ from reprorl.config.spec import LoraAdapter
 from reprorl.errors import RecordError, UserInputError
 from reprorl.orchestrate.run.policies import load_run_base
 from reprorl.policy import LoadedModel
+from reprorl.policy.logprob_probe import check_logprobs
 from reprorl.policy.models import save_model
 from reprorl.policy.vllm_engine import Event, RolloutEngine, adapter_dirname
 from reprorl.policy.vllm_server import Launch
@@ -76,6 +77,18 @@ def open_engine(
     engine = build_engine(spec, model_dir, folder / "logs", on_event=record.event, launch=launch)
     record.event("engine_starting", servers=len(engine.servers), attached=list(engine_spec.urls))
     engine.start()
+    try:
+        # An attached server may run with vLLM's default raw logprobs; those reprorl starts are asked
+        # for processed ones, and the probe confirms what every rollout's record will say.
+        check_logprobs(
+            engine.probe_logprobs(),
+            spec.learning.temperature,
+            where=f"a vLLM server of model.vllm ({', '.join(s.url for s in engine.servers)})",
+            field="model.vllm.urls" if engine_spec.urls else "model.vllm.extra_args",
+        )
+    except BaseException:
+        engine.close()
+        raise
     record.event(
         "engine_started", engine=engine.info(), placed=engine.placement(), base_folder_hash=base_folder_hash
     )

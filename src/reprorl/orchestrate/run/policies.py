@@ -117,6 +117,8 @@ def open_policy(
             timeout_s=inference.timeout_s,
             retry=RetryPolicy(retries=inference.retries),
         )
+        # Recorded with every rollout: whether its logprobs are after temperature, as the trainer's.
+        sampler.probe_logprobs()
     renderer = ChatRenderer(loaded.tokenizer)
     provenance = Provenance(
         base_model_hash=loaded.base_hash,

@@ -103,7 +103,8 @@ async def _run(
                     failures[f"{t.termination.value} {outcomes} {t.error or ''}"[:160]] += 1
                 return scored
 
-        await one(-1)  # warm up the zygote and the verifier pool
+        # Warm up the zygote and every verifier worker (each starts on its first call).
+        await asyncio.gather(*[one(-1 - w) for w in range(verifiers.workers)])
         failures.clear()
         zygote = pool._zygote.pid if pool._zygote is not None else -1
         before = cpu_by_process(zygote)

@@ -169,6 +169,46 @@ def test_a_wrapped_model_takes_the_generic_path_with_the_same_numbers(model: Loa
     assert wrapped.info()["version"] == fast.info()["version"]
 
 
+def _scored_in_float32(model: LoadedModel, request: SampleRequest, tokens: tuple[int, ...]) -> torch.Tensor:
+    """Logprobs of `tokens` after the prompt under one float32 forward of the same (bfloat16) weights."""
+    full = model.model.float()
+    try:
+        ids = torch.tensor([request.prompt_ids + tokens])
+        with torch.inference_mode():
+            logits = full(input_ids=ids).logits[0, len(request.prompt_ids) - 1 : -1].float()
+        return torch.log_softmax(logits, -1).gather(1, torch.tensor(tokens)[:, None])[:, 0]
+    finally:
+        full.to(torch.bfloat16)
+
+
+def test_bfloat16_decode_is_as_close_to_float32_as_the_models_own_forward() -> None:
+    """The packed bfloat16 decode and the model's own bfloat16 forward
+    (SDPA, through a peft wrapper) against float32 scoring of the same weights and tokens: the
+    packed path may not be much further off than the model's own."""
+    from reprorl.policy import apply_lora
+
+    half = tiny_model(0)
+    half.model.to(torch.bfloat16)
+    fast = LocalSampler.from_loaded(half)
+    wrapped_model = tiny_model(0)
+    wrapped_model.model.to(torch.bfloat16)
+    wrapped = LocalSampler(
+        apply_lora(wrapped_model.model, rank=4, targets=("q_proj", "v_proj")),
+        wrapped_model.tokenizer,
+        model_hash=wrapped_model.base_hash,
+        policy_version="p",
+    )
+    requests = _requests(half, [11, 12, 13], SamplingParams(temperature=1.0, max_tokens=24))
+    errors: dict[str, list[float]] = {"packed": [], "own": []}
+    for name, sampler in (("packed", fast), ("own", wrapped)):
+        for request, sample in zip(requests, sampler.sample(requests), strict=True):
+            reference = _scored_in_float32(half, request, sample.token_ids)
+            errors[name] += (torch.tensor(sample.logprobs) - reference).abs().tolist()
+    packed, own = (sum(e) / len(e) for e in (errors["packed"], errors["own"]))
+    assert packed < 0.05 and max(errors["packed"]) < 0.5, errors["packed"]
+    assert packed < 2 * own + 0.01, (packed, own)
+
+
 def _system_prompts(model: LoadedModel) -> list[tuple[int, ...]]:
     """Six rows as a training step sends them: one long system prompt, three tasks, two members each."""
     system = "You are a careful assistant. Use the tools. " * 6

@@ -30,7 +30,7 @@ from timing import best_of
 from reprorl.config.engine import VllmEngine
 from reprorl.policy import LoadedModel, load_base, save_model, tiny_model
 from reprorl.policy.sampling import LocalSampler
-from reprorl.policy.vllm_server import BASE_NAME, VllmServer, server_args
+from reprorl.policy.vllm_server import BASE_NAME, VllmServer, local_launch, server_args
 
 
 def vllm_decode(server: VllmServer, prompts: list[list[int]], max_tokens: int) -> int:
@@ -79,7 +79,7 @@ def main() -> None:
         spec = VllmEngine(max_model_len=2048, startup_timeout_s=900)
         argv, env = server_args(spec, folder, dtype=args.dtype, seed=0, lora_rank=8)
         env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{args.threads - 1}"
-        server = VllmServer(0, argv=argv, env=env, startup_timeout_s=900)
+        server = VllmServer(0, process=local_launch(900, None)(0, argv, env))
         started = time.perf_counter()
         server.start()
         print(f"vLLM {server.version()} server up in {time.perf_counter() - started:.0f} s")

@@ -316,10 +316,10 @@ def main() -> None:
         print(f"{label:<22} {rate:>9.1f} {ratio:>7.3f}")
     for label, rate, ratio in rows:
         if label.startswith("LocalSampler"):
-            dtype = label.split()[-1]
+            name = label.split()[-1]
             print(
                 f"decode tok/s at batch {args.batch}: {rate:.1f} (ratio {ratio:.2f} of the compute bound; "
-                f"target >= {TARGETS[dtype]:.2f}) [{dtype}]"
+                f"target >= {TARGETS[name]:.2f}) [{name}]"
             )
 
 

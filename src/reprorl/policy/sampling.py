@@ -31,7 +31,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from reprorl.actions import CLOSE
-from reprorl.policy.draw import choose
+from reprorl.policy.draw import choose as choose  # re-exported: bench/sampling.py wraps it to profile
 from reprorl.policy.fast_llama import LlamaSteps, PackedLlama, fast_path_applies, packing_key
 from reprorl.policy.models import LoadedModel
 from reprorl.threads import native_thread

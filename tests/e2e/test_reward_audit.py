@@ -83,3 +83,29 @@ def test_a_registered_verifier_is_audited_by_its_name(tmp_path, capsys) -> None:
     line = cli.error("rewards", "audit", "--verifier", "calculator=nope")
     known = "env-reported, expression, file_tree, numeric, sqlite_state, verifiers-taskset"
     assert line.endswith(f"no verifier 'nope'; verifiers: {known}")
+
+
+def test_shaping_that_pays_for_no_work_fails_the_audit_and_a_penalty_passes(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    # valid_calls is 1.0 for an episode with no call: weighed above 0 it pays a claim of success.
+    (paid,) = asyncio.run(
+        audit_rewards(names=["calculator"], tasks=2, weights={"outcome": 1.0, "valid_calls": 0.1})
+    )
+    assert not paid.passed
+    assert paid.cell("claim_success").hits == 2 and paid.cell("claim_success", IMPOSSIBLE).hits == 2
+    assert paid.cell(ORACLE, IMPOSSIBLE).hits == 2  # the oracle's honest no-answer is paid too
+    # A penalty on failing calls takes nothing from honest work and pays no probe.
+    cli = Cli(tmp_path / "home", capsys)
+    code, out, err = cli(
+        "rewards",
+        "audit",
+        "calculator",
+        "--tasks",
+        "2",
+        "--weight",
+        "outcome=1",
+        "--weight",
+        "failed_calls=-0.1",
+    )
+    assert code == 0 and "PASS calculator" in " ".join(out.split()), (out, err)
+    line = cli.error("rewards", "audit", "calculator", "--weight", "failed_calls=0.5")
+    assert line.startswith("error: --weight:") and "failed_calls = -0.1" in line

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -68,6 +69,30 @@ def load_verifier(text: str) -> tuple[str, Verifier]:
     return family, verifier
 
 
+def reward_weights(items: Sequence[str]) -> dict[str, float] | None:
+    """`--weight COMPONENT=WEIGHT` items as a run's reward weights, checked as a spec checks them."""
+    from reprorl.config.data import check_reward_weights
+
+    if not items:
+        return None
+    weights: dict[str, float] = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        try:
+            weights[name.strip()] = float(value)
+        except ValueError:
+            raise UserInputError(
+                f"{item!r}: write COMPONENT=WEIGHT, e.g. failed_calls=-0.1", field="--weight"
+            ) from None
+        if not name.strip():
+            raise UserInputError(f"{item!r}: name the component, e.g. outcome=1", field="--weight")
+    try:
+        check_reward_weights(weights)
+    except ValueError as exc:
+        raise UserInputError(str(exc), field="--weight") from None
+    return weights
+
+
 def audit_rewards(
     ctx: typer.Context,
     families: list[str] | None = typer.Argument(
@@ -84,6 +109,13 @@ def audit_rewards(
         help="Audit this verifier in place of the family's own: FAMILY=NAME (registered) or "
         "FAMILY=MODULE:NAME (repeatable).",
     ),
+    weight: list[str] | None = typer.Option(
+        None,
+        "--weight",
+        metavar="COMPONENT=WEIGHT",
+        help="Total rewards with these weights, as a run's data.reward_weights would (repeatable; "
+        "default outcome=1): a probe fails the verifier if its total is above 0.",
+    ),
     judge: Path | None = typer.Option(
         None,
         "--judge",
@@ -99,8 +131,9 @@ def audit_rewards(
 ) -> None:
     """Run every exploit probe (and the family's oracle, as the control) against each verifier.
 
-    A verifier passes only if no probe earns outcome credit on the family's tasks or on their
-    impossible variants, and the oracle solves every task. With --judge, the judge is audited
+    A verifier passes only if no probe earns reward (outcome credit, or a total above 0 under the
+    --weight shaping) on the family's tasks or on their impossible variants, and the oracle solves
+    every task. With --judge, the judge is audited
     instead and refused when the share of attacks it passes exceeds --judge-threshold.
     """
     from reprorl.rollout.families import FAMILIES
@@ -128,7 +161,8 @@ def audit_rewards(
     if judge is not None:
         _audit_judge(ctx, load_judge_config(judge), chosen, families, tasks, seed, judge_threshold, as_json)
         return
-    audits = asyncio.run(run_audit(chosen, names=families or None, tasks=tasks, seed=seed))
+    weights = reward_weights(weight or [])
+    audits = asyncio.run(run_audit(chosen, names=families or None, tasks=tasks, seed=seed, weights=weights))
     if as_json:
         print_json({"passed": all(a.passed for a in audits), "verifiers": [a.to_json() for a in audits]})
     else:

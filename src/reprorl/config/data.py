@@ -44,6 +44,17 @@ class NoiseSpec(SpecModel):
 LATER_DATA_FIELDS = ("family_weights", "screen")
 
 
+def check_reward_weights(weights: dict[str, float]) -> None:
+    """Refuse weights that cannot mean what they say (ValueError, naming the fix)."""
+    if any(not math.isfinite(w) for w in weights.values()):
+        raise ValueError("reward_weights must be finite numbers, e.g. { outcome = 1.0 }")
+    if weights.get("failed_calls", 0.0) > 0:
+        raise ValueError(
+            "reward_weights.failed_calls counts failing calls: a weight above 0 pays for them; "
+            "give it a weight below 0, e.g. failed_calls = -0.1"
+        )
+
+
 class DataSpec(SpecModel):
     """What the agent practises on; each task names its family, whose env version every rollout records."""
 
@@ -68,7 +79,12 @@ class DataSpec(SpecModel):
     )
     reward_weights: dict[str, float] = Field(
         default_factory=lambda: {"outcome": 1.0},
-        description="Weight of each reward component in the total; unlisted components count 0.",
+        description="Weight of each reward component in the total; unlisted components count 0. "
+        "Components: the verifier's ('outcome'), 'judge', 'valid_calls' (share of well-formed calls, "
+        "1.0 with no call), 'permission_respected', and 'failed_calls' (calls the agent got wrong, a "
+        "count: weigh it below 0, e.g. failed_calls = -0.1, so a retry after a failing call earns "
+        "less than a call right the first time). Check shaping with `reprorl rewards audit --weight`: "
+        "a weight that pays an episode with no work (valid_calls > 0 does) fails it.",
     )
     verifier_timeout_s: float = Field(
         default=30.0,
@@ -109,6 +125,11 @@ class DataSpec(SpecModel):
                 raise ValueError("family_weights must be finite and >= 0, e.g. { calculator = 1, sql = 2 }")
             if not any(w > 0 for w in weights.values()):
                 raise ValueError("family_weights gives no family a weight above 0; give one, or remove it")
+        return self
+
+    @model_validator(mode="after")
+    def _penalties_are_penalties(self) -> DataSpec:
+        check_reward_weights(self.reward_weights)
         return self
 
     @model_validator(mode="after")

@@ -11,6 +11,13 @@ from collections.abc import Sequence
 from reprorl.types import ToolOutcome, Turn
 
 _MALFORMED = frozenset({ToolOutcome.PARSE_ERROR, ToolOutcome.UNKNOWN_TOOL, ToolOutcome.BAD_ARGUMENTS})
+# Calls the agent got wrong: malformed, not allowed, or raised or ran too long on what it sent. A
+# sandbox or infrastructure failure is not the agent's, and a truncated output is not a failure.
+AGENT_FAILED = _MALFORMED | {
+    ToolOutcome.PERMISSION_DENIED,
+    ToolOutcome.TOOL_EXCEPTION,
+    ToolOutcome.TOOL_TIMEOUT,
+}
 
 
 def step_scores(turns: Sequence[Turn]) -> tuple[float, ...]:
@@ -29,10 +36,13 @@ def step_scores(turns: Sequence[Turn]) -> tuple[float, ...]:
 
 
 def process_components(turns: Sequence[Turn]) -> dict[str, float]:
-    """`valid_calls`: share of well-formed calls; `permission_respected`: 1 unless a call was denied."""
+    """`valid_calls`: share of well-formed calls; `permission_respected`: 1 unless a call was denied;
+    `failed_calls`: how many calls the agent got wrong (a count, to weigh below 0: a share could be
+    diluted with easy calls, a count cannot, and an episode with no call owes nothing)."""
     outcomes = [r.outcome for turn in turns for r in turn.tool_results]
     valid = sum(1 for o in outcomes if o not in _MALFORMED)
     return {
         "valid_calls": valid / len(outcomes) if outcomes else 1.0,
         "permission_respected": 0.0 if ToolOutcome.PERMISSION_DENIED in outcomes else 1.0,
+        "failed_calls": float(sum(1 for o in outcomes if o in AGENT_FAILED)),
     }

@@ -2,7 +2,9 @@
 
 For each family, the probes (`reprorl.rewards.audit.PROBES`) play `tasks` of its tasks and of their
 impossible variants, in sandboxes, scored by the family's verifier in its own process — exactly as
-a policy's episodes are. A verifier passes when no probe earns any outcome credit on either, the
+a policy's episodes are. A verifier passes when no probe earns any reward on either (outcome
+credit, or a total above 0 under the reward weights audited, so shaping that pays for no work
+fails too), the
 oracle earns none on an impossible variant, and the oracle solves every real task (a verifier that
 rejects everything would pass the probes trivially; the oracle is the control). A verifier that
 crashes on a probe's final state fails too: a policy would find that state. The family's cross
@@ -31,7 +33,7 @@ RUN_ID = "reward-audit"
 
 @dataclass(frozen=True)
 class ProbeCell:
-    """One probe (or the oracle) on one kind of task: how many episodes earned outcome credit."""
+    """One probe (or the oracle) on one kind of task: how many episodes earned reward."""
 
     probe: str
     variant: str  # "task" (the real tasks) or "impossible" (their impossible variants)
@@ -102,11 +104,12 @@ def _failures(cells: Sequence[ProbeCell]) -> tuple[str, ...]:
 
 
 def _credit(trajectory: Trajectory, outcome: str) -> float | None:
-    """The outcome credit an episode earned (None when it was not scored)."""
+    """The reward an episode earned: its outcome credit, or its weighted total where that is more
+    (None when it was not scored)."""
     reward = trajectory.reward
     if reward is None:
         return None
-    return reward.components.get(outcome, reward.total)
+    return max(reward.components.get(outcome, reward.total), reward.total)
 
 
 def audit_tasks(family: Family, count: int, seed: int) -> list[Task]:
@@ -128,9 +131,11 @@ async def probe_episodes(
     probes: Sequence[Probe] = PROBES,
     variants: Sequence[str] = (TASKS, IMPOSSIBLE),
     concurrency: int = 8,
+    weights: Mapping[str, float] | None = None,
 ) -> ProbeEpisodes:
     """Play the oracle and every probe on each family's audit tasks (and on their impossible
-    variants when `variants` holds `IMPOSSIBLE`), through sandboxes and the family's verifier."""
+    variants when `variants` holds `IMPOSSIBLE`), through sandboxes and the family's verifier;
+    rewards are totalled with `weights` (a run's `data.reward_weights`; None: the outcome alone)."""
     chosen = list(names) if names else sorted(families)
     for name in chosen:
         if name not in families:
@@ -164,6 +169,7 @@ async def probe_episodes(
         provenance=Provenance(base_model_hash="script"),
         families=families,
         concurrency=concurrency,
+        reward_weights=weights,
     ) as runner:
         probing = runner.with_policy(
             policy_for, Provenance(base_model_hash="script"), EpisodeLimits(max_turns=PROBE_TURNS)
@@ -184,11 +190,19 @@ async def audit_rewards(
     seed: int = 0,
     probes: Sequence[Probe] = PROBES,
     concurrency: int = 8,
+    weights: Mapping[str, float] | None = None,
 ) -> list[VerifierAudit]:
-    """Audit the verifier of each family in `names` (all of `families` by default)."""
+    """Audit the verifier of each family in `names` (all of `families` by default), with its rewards
+    totalled by `weights` (None: the outcome alone)."""
     chosen = list(names) if names else sorted(families)
     episodes = await probe_episodes(
-        families, names=chosen, tasks=tasks, seed=seed, probes=probes, concurrency=concurrency
+        families,
+        names=chosen,
+        tasks=tasks,
+        seed=seed,
+        probes=probes,
+        concurrency=concurrency,
+        weights=weights,
     )
     outcomes: dict[tuple[str, str, str, str], list[tuple[str, float | None]]] = defaultdict(list)
     for (name, variant, probe), played in episodes.items():

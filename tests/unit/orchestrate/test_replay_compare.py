@@ -92,6 +92,23 @@ def test_live_differences_in_tools_reward_and_ending() -> None:
     compare_live(same, recorded, _trajectory(turns=(timed,), wall_s=5.0))
     assert same.identical
 
+    # A component added to the platform since the record was written weighs nothing in its total:
+    # not a difference. The same component with another value in both is one.
+    newer = ReplayReport("x", "live")
+    grown = Reward(total=1.0, components={"outcome": 1.0, "failed_calls": 0.0}, verifier_version="v")
+    compare_live(newer, recorded, _trajectory(reward=grown))
+    assert newer.identical
+    changed = ReplayReport("x", "live")
+    counted = _trajectory(
+        reward=Reward(total=1.0, components={"outcome": 1.0, "failed_calls": 0.0}, verifier_version="v")
+    )
+    compare_live(
+        changed,
+        counted,
+        _trajectory(reward=grown.model_copy(update={"components": {"outcome": 1.0, "failed_calls": 2.0}})),
+    )
+    assert [d.where for d in changed.differences] == ["reward"]
+
 
 def test_run_of() -> None:
     assert run_of("20261130T000000000000Z-abcdef/train/0/t/1") == "20261130T000000000000Z-abcdef"

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from reprorl.config.data import check_reward_weights
 from reprorl.rewards import (
     FinalState,
     StateAccessError,
@@ -86,12 +87,56 @@ def test_process_components() -> None:
         )
 
     good = process_components([turn(ToolOutcome.OK, ToolOutcome.TOOL_EXCEPTION)])
-    assert good == {"valid_calls": 1.0, "permission_respected": 1.0}
+    assert good == {"valid_calls": 1.0, "permission_respected": 1.0, "failed_calls": 1.0}
     bad = process_components(
         [turn(ToolOutcome.PARSE_ERROR, ToolOutcome.OK), turn(ToolOutcome.PERMISSION_DENIED)]
     )
-    assert bad == {"valid_calls": 2 / 3, "permission_respected": 0.0}
-    assert process_components([]) == {"valid_calls": 1.0, "permission_respected": 1.0}
+    assert bad == {"valid_calls": 2 / 3, "permission_respected": 0.0, "failed_calls": 2.0}
+    assert process_components([]) == {"valid_calls": 1.0, "permission_respected": 1.0, "failed_calls": 0.0}
+
+
+def test_failed_calls_counts_the_agents_failures_only() -> None:
+    """A count, not a share: easy calls added beside a failing one do not dilute it; a sandbox or
+    infrastructure failure, or a truncated output, is not the agent's."""
+
+    def calls(*outcomes: ToolOutcome) -> float:
+        turns = [
+            Turn(index=0, tool_results=tuple(ToolResult(call_id="c", name="t", outcome=o) for o in outcomes))
+        ]
+        return process_components(turns)["failed_calls"]
+
+    assert (
+        calls(ToolOutcome.TOOL_EXCEPTION) == calls(ToolOutcome.TOOL_EXCEPTION, *[ToolOutcome.OK] * 5) == 1.0
+    )
+    agent = (ToolOutcome.TOOL_TIMEOUT, ToolOutcome.BAD_ARGUMENTS, ToolOutcome.UNKNOWN_TOOL)
+    assert calls(*agent) == 3.0
+    not_agent = (
+        ToolOutcome.SANDBOX_ERROR,
+        ToolOutcome.INFRA_ERROR,
+        ToolOutcome.OUTPUT_TRUNCATED,
+        ToolOutcome.OK,
+    )
+    assert calls(*not_agent) == 0.0
+    # Weighed as the config says, a retry after a failing call earns less than a first-time success.
+    weights = {"outcome": 1.0, "failed_calls": -0.1}
+    retry = compose({"outcome": 1.0, "failed_calls": 1.0}, weights, "v1")
+    first = compose({"outcome": 1.0, "failed_calls": 0.0}, weights, "v1")
+    assert retry.total == pytest.approx(0.9) and first.total == 1.0 and retry.success
+
+
+@pytest.mark.parametrize(
+    ("weights", "message"),
+    [
+        ({"outcome": 1.0, "failed_calls": 0.1}, "failed_calls = -0.1"),
+        ({"outcome": float("nan")}, "finite"),
+    ],
+)
+def test_reward_weights_that_cannot_mean_what_they_say_are_refused(
+    weights: dict[str, float], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        check_reward_weights(weights)
+    check_reward_weights({"outcome": 1.0, "failed_calls": -0.1})
 
 
 def test_verifier_version_follows_settings_and_code() -> None:

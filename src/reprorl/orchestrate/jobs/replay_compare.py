@@ -114,6 +114,12 @@ def compare_live(report: ReplayReport, recorded: Trajectory, live: Trajectory) -
     if len(recorded.turns) != len(live.turns):
         report.differences.append(Difference("turns", None, None, len(recorded.turns), len(live.turns)))
     ra, rb = recorded.reward, live.reward
+    if ra is not None and rb is not None:
+        # A component the record does not hold was added to the platform since (and weighs
+        # nothing in the recorded total, or the total would differ): it is not a difference.
+        rb = rb.model_copy(
+            update={"components": {k: v for k, v in rb.components.items() if k in ra.components}}
+        )
     if (ra and ra.model_dump()) != (rb and rb.model_dump()):
         report.differences.append(
             Difference("reward", None, None, ra and ra.model_dump(), rb and rb.model_dump())

@@ -65,7 +65,8 @@ def parse_policy(store: Store, text: str) -> str:
 
 def _credit(trajectory: Trajectory) -> float | None:
     reward = trajectory.reward
-    return None if reward is None else reward.components.get("outcome", reward.total)
+    # Outcome credit, or the weighted total where shaping makes it more: either is reward.
+    return None if reward is None else max(reward.components.get("outcome", reward.total), reward.total)
 
 
 def _replayer(texts: Sequence[str]) -> Callable[[Task, Sequence[Message]], str]:

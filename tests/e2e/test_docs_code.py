@@ -43,6 +43,7 @@ RUNNERS: dict[str, Any] = {
     "rollouts = RolloutStore(run)": "test_the_rollouts_block_queries_a_recorded_run",
     "with HttpSampler(base_url": "test_the_http_sampler_block_samples_from_a_served_policy",
     "@register_judge(PassFailConfig)": "test_the_judge_kind_block_is_selected_by_kind",
+    "class RankAdvantage:": "test_the_advantage_block_is_selected_by_name",
     "def calculate(expression):": "test_the_agent_block_trains_through_the_proxy_and_replays",
     "def binary_search(task, messages):": "test_the_openenv_block_registers_a_family_the_audit_passes",
     "NOTEBOOK = MCPServerSpec(": "test_the_mcp_block_makes_a_family_whose_oracle_solves_it",
@@ -138,6 +139,35 @@ def test_the_judge_kind_block_is_selected_by_kind(tmp_path: Path) -> None:
         assert scores[0.5][1] != scores[0.7][1]  # a kind's own field is part of the judge's name
     finally:
         JUDGES.remove("pass_fail")
+
+
+def test_the_advantage_block_is_selected_by_name() -> None:
+    from reprorl.config.advantage import ADVANTAGES
+    from reprorl.config.spec import LearningSpec
+    from reprorl.orchestrate.pipeline.steps import group_data
+    from reprorl.types import Reward, Split, Termination, Trajectory, Turn
+
+    exec(block_with("class RankAdvantage:"), {"__name__": "docs_advantage"})  # the block as written
+    try:
+        learning = LearningSpec(owner="o", advantage="rank", drop_zero_variance_groups=False)
+        members = [
+            Trajectory(
+                run_id="r",
+                rollout_id=f"r/{i}",
+                group_id="g",
+                split=Split.TRAIN,
+                task_id="t",
+                task_hash="h",
+                turns=(Turn(index=0, prompt_token_ids=(1,), token_ids=(2,), logprobs=(-1.0,)),),
+                reward=Reward(total=total, verifier_version="v"),
+                termination=Termination.ANSWERED,
+            )
+            for i, total in enumerate((0.2, 5.0, -1.0))
+        ]
+        data, _ = group_data(members, learning)
+        assert [d.advantage for d in data] == [0.0, 1.0, -1.0]  # ranks 1, 2, 0, centred
+    finally:
+        ADVANTAGES.remove("rank")
 
 
 def judge_rollout(answer: str) -> Any:

@@ -1,7 +1,9 @@
 """Policy-gradient and supervised losses on tensors: one file per method, the paper named at its top.
 
 Each policy-gradient loss registers itself (`register_loss`) with the config its file declares, so
-`learning.loss = { kind = ... }` selects it by name; importing this package registers the built-ins.
+`learning.loss = { kind = ... }` selects it by name, and each group advantage estimator registers its
+class (`register_advantage`), so `learning.advantage = "..."` does; importing this package registers
+the built-ins.
 """
 
 from reprorl.algos.base import Loss, LossOutput, TokenBatch, masked_mean, sequence_mean, sequence_means
@@ -13,7 +15,8 @@ from reprorl.algos.importance import Correction, MaskedIS, NoCorrection, Truncat
 from reprorl.algos.kl import ESTIMATORS, k1, k2, k3
 from reprorl.algos.ppo import ClipBounds, PPOClip, PPOClipConfig
 from reprorl.algos.ppo_ewma import PPOEWMA, PPOEWMAConfig
-from reprorl.algos.registered import LossShared, build_loss, register_loss
+from reprorl.algos.raft import RAFTAdvantage
+from reprorl.algos.registered import LossShared, build_loss, register_advantage, register_loss
 from reprorl.algos.reinforce import Reinforce, ReinforceConfig
 from reprorl.algos.rloo import RLOOAdvantage
 from reprorl.algos.sft import CrossEntropy
@@ -38,6 +41,7 @@ __all__ = [
     "PPOClip",
     "PPOClipConfig",
     "PPOEWMAConfig",
+    "RAFTAdvantage",
     "RLOOAdvantage",
     "Reinforce",
     "ReinforceConfig",
@@ -48,6 +52,7 @@ __all__ = [
     "k2",
     "k3",
     "masked_mean",
+    "register_advantage",
     "register_loss",
     "sequence_mean",
     "sequence_means",

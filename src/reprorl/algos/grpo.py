@@ -12,12 +12,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from reprorl.algos.registered import register_advantage
+
 if TYPE_CHECKING:
     import torch
 else:
     from reprorl.algos.tensors import torch  # imported on first use
 
 
+@register_advantage
 class GRPOAdvantage:
     """(R − mean) / (std + ε) within each group."""
 

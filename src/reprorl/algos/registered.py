@@ -1,4 +1,5 @@
-"""How a loss becomes selectable by name: `@register_loss(Config)` on the function that builds it.
+"""How a loss becomes selectable by name: `@register_loss(Config)` on the function that builds it
+(and an advantage estimator: `@register_advantage` on its class).
 
 A loss file declares its config (a `LossConfig` whose `kind` default is the loss's name, with the
 loss's own fields) and a builder taking that config and what every policy-gradient loss shares
@@ -15,10 +16,12 @@ from typing import TypeVar
 
 from reprorl.algos.base import Loss
 from reprorl.algos.importance import Correction, TruncatedIS
+from reprorl.config.advantage import ADVANTAGES, AdvantageEstimator
 from reprorl.config.kinds import declared_kind
 from reprorl.config.loss import LOSSES, LossConfig, LossEntry
 
 C = TypeVar("C", bound=LossConfig)
+A = TypeVar("A", bound=Callable[[], AdvantageEstimator])
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,17 @@ def register_loss(config: type[C]) -> Callable[[Builder[C]], Builder[C]]:
         return build
 
     return decorate
+
+
+def register_advantage(estimator: A) -> A:
+    """Register the decorated class as the advantage estimator its `name` says
+    (`learning.advantage = "<name>"`); an installed package offers one through the entry-point group
+    `reprorl.advantages` pointing at its class."""
+    name = getattr(estimator, "name", None)
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"{estimator!r} needs a class attribute `name`, the advantage's name in a spec")
+    ADVANTAGES.add(name, estimator, module=estimator.__module__)
+    return estimator
 
 
 def build_loss(config: LossConfig, shared: LossShared) -> Loss:

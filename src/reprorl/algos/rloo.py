@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from reprorl.algos.registered import register_advantage
+
 if TYPE_CHECKING:
     import torch
 else:
     from reprorl.algos.tensors import torch  # imported on first use
 
 
+@register_advantage
 class RLOOAdvantage:
     """Leave-one-out baseline within each group."""
 

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
+from reprorl.config.advantage import AdvantageName
 from reprorl.config.agent import AgentSpec
 from reprorl.config.base import Owner, SpecModel
 from reprorl.config.data import DataSpec, NoiseSpec
@@ -133,8 +134,12 @@ class LearningSpec(SpecModel):
         "`gspo` (a sequence-level ratio), `cispo` (a clipped, stopped importance weight on every token), "
         "or a loss an installed package registers. A name alone (`loss = 'gspo'`) takes its defaults.",
     )
-    advantage: Literal["grpo", "dr_grpo", "rloo"] = Field(
-        default="dr_grpo", description="Group advantage estimator (dr_grpo = mean-centred, no std)."
+    advantage: AdvantageName = Field(
+        default="dr_grpo",
+        description="Group advantage estimator, by registered name: 'grpo' ((R - mean) / std), "
+        "'dr_grpo' (R - mean, no std), 'rloo' (leave-one-out baseline), 'raft' (max(R - mean, 0): "
+        "only members above their group's mean learn; a sharp warm start's hot samples are not "
+        "pushed down).",
     )
     lr: float = Field(default=1e-5, gt=0.0, lt=1.0, description="Peak learning rate.")
     schedule: Literal["constant", "linear", "cosine"] = Field(

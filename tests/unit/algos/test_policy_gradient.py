@@ -13,6 +13,7 @@ from reprorl.algos.grpo import GRPOAdvantage
 from reprorl.algos.importance import MaskedIS, NoCorrection, TruncatedIS
 from reprorl.algos.kl import k1, k2, k3
 from reprorl.algos.ppo import PPOClip
+from reprorl.algos.raft import RAFTAdvantage
 from reprorl.algos.rloo import RLOOAdvantage
 
 REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0])  # mean 0.5, sample std sqrt(1/3)
@@ -34,6 +35,14 @@ def test_rloo_uses_the_others_mean() -> None:
     rewards = torch.tensor([1.0, 0.0, 0.5])
     # member 0: 1 - mean(0, 0.5) = 0.75; member 1: 0 - 0.75 = -0.75; member 2: 0.5 - 0.5 = 0
     assert RLOOAdvantage()(rewards).tolist() == pytest.approx([0.75, -0.75, 0.0])
+
+
+def test_raft_keeps_only_the_members_above_the_mean() -> None:
+    # mean 0.4: a first-time success (1.0) outranks a success after a failing call (0.9 with
+    # failed_calls weighed -0.1); members at or below the mean get no gradient.
+    rewards = torch.tensor([1.0, 0.9, 0.0, -0.3, 0.4])
+    assert RAFTAdvantage()(rewards).tolist() == pytest.approx([0.6, 0.5, 0.0, 0.0, 0.0])
+    assert RAFTAdvantage()(torch.tensor([1.0, 1.0])).tolist() == [0.0, 0.0]
 
 
 def test_kl_estimators_by_hand() -> None:

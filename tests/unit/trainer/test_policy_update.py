@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
+from pydantic import ValidationError
 
-from reprorl.algos import GSPO, NoCorrection, PPOClip
+from reprorl.algos import GSPO, NoCorrection, PPOClip, register_advantage
+from reprorl.config.advantage import ADVANTAGES
 from reprorl.config.spec import LearningSpec
 from reprorl.orchestrate.pipeline.steps import group_data, learning_rate
 from reprorl.policy import tiny_model
@@ -43,6 +46,29 @@ def test_group_data_centres_rewards_and_drops_flat_groups() -> None:
     assert stats == {"zero_variance_groups": 1.0, "zero_variance_share": 0.5}
     kept, _ = group_data(trajectories, learning.model_copy(update={"drop_zero_variance_groups": False}))
     assert [d.advantage for d in kept] == [0.5, -0.5, 0.0, 0.0]
+    # The spec's estimator is the one used, by its registered name.
+    raft, _ = group_data(trajectories, learning.model_copy(update={"advantage": "raft"}))
+    assert [d.advantage for d in raft] == [0.5, 0.0]
+
+
+def test_an_advantage_estimator_registers_by_name() -> None:
+    class Ranked:
+        name = "ranked_test"
+
+        def __call__(self, rewards: torch.Tensor) -> torch.Tensor:
+            return rewards.argsort().argsort().float()
+
+    with pytest.raises(
+        ValidationError, match="no advantage estimator 'ranked_test'; advantage estimators: dr_grpo"
+    ):
+        LearningSpec(owner="o", advantage="ranked_test")
+    try:
+        register_advantage(Ranked)
+        learning = LearningSpec(owner="o", advantage="ranked_test")
+        data, _ = group_data([_traj("a", 0, 1.0, (8,)), _traj("a", 1, 0.0, (9,))], learning)
+        assert [d.advantage for d in data] == [1.0, 0.0]
+    finally:
+        ADVANTAGES.remove("ranked_test")
 
 
 def test_unscored_and_platform_failed_rollouts_enter_no_group() -> None:

@@ -16,24 +16,20 @@ import torch
 
 from reprorl.algos import (
     Correction,
-    DrGRPOAdvantage,
-    GRPOAdvantage,
     Loss,
     LossShared,
     MaskedIS,
     NoCorrection,
-    RLOOAdvantage,
     TruncatedIS,
     build_loss,
 )
+from reprorl.config.advantage import ADVANTAGES
 from reprorl.config.spec import LearningSpec
 from reprorl.rollout.scoring import counted
 from reprorl.rollout.stats import ToolStats
 from reprorl.trainer import Datum, LocalTrainer, sequences, with_logprobs
 from reprorl.trainer.ewma import EWMAWeights
 from reprorl.types import Trajectory
-
-ADVANTAGES = {"grpo": GRPOAdvantage, "dr_grpo": DrGRPOAdvantage, "rloo": RLOOAdvantage}
 
 
 def learning_rate(learning: LearningSpec, step: int) -> float:
@@ -74,7 +70,7 @@ def group_data(
 ) -> tuple[list[Datum], dict[str, float]]:
     """Advantages per group, over the rollouts that count (`reprorl.types.exclusion`): a rollout the
     platform, verifier or judge failed is left out of its group, so no advantage is computed from it."""
-    advantage = ADVANTAGES[learning.advantage]()
+    advantage = ADVANTAGES.get_part(learning.advantage, "learning.advantage")()
     groups: dict[str, list[Trajectory]] = defaultdict(list)
     for t in counted(trajectories):
         if any(turn.token_ids for turn in t.turns):

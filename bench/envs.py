@@ -15,9 +15,12 @@ whose init the child is, new network, IPC and mount namespaces, a private /tmp a
 other mount read-only, a dedicated uid, no_new_privs; SIGKILL to the init, unmount, remove). The
 ratio to `confined` says how much of what the machine can do with that isolation the env layer
 uses; the ratio to `bare`, what the isolation itself costs on top. CPU per episode is split by
-process: this one, the zygote with the sandboxes it reaped, the verifier workers.
+process: this one, the zygote with the sandboxes it reaped, the verifier workers. The pool and the
+baselines are measured `--rounds` times, interleaved, and the median round is reported: on a shared
+box one run's ratio moves by a fifth.
 
     python bench/envs.py [--episodes 256] [--concurrency 256] [--calls 4] [--latency-ms 10] [--warm N]
+        [--rounds 3]
 """
 
 from __future__ import annotations
@@ -290,20 +293,42 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=4)
     parser.add_argument("--latency-ms", type=int, default=10)
     parser.add_argument("--warm", type=int, default=0, help="sandboxes the pool keeps opened ahead of demand")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="measure the pool and the baselines this many times, interleaved; the figures are the "
+        "median round's (on a shared box one run's figure moves by a fifth)",
+    )
     args = parser.parse_args()
     sys.modules.setdefault("envs", sys.modules["__main__"])
-    elapsed, ok, failures, spent = asyncio.run(
-        _run(args.episodes, args.concurrency, args.calls, args.latency_ms, args.warm)
-    )
+    rounds = []
+    for _ in range(max(1, args.rounds)):
+        elapsed, ok, failures, spent = asyncio.run(
+            _run(args.episodes, args.concurrency, args.calls, args.latency_ms, args.warm)
+        )
+        bare = baseline_rate(args.episodes, args.concurrency, args.calls, args.latency_ms, "bare")
+        # The same confinement as a sandbox gets here (namespaces and mounts need root).
+        confined = (
+            baseline_rate(args.episodes, args.concurrency, args.calls, args.latency_ms, "confined")
+            if os.geteuid() == 0
+            else None
+        )
+        rounds.append((elapsed, ok, failures, spent, bare, confined))
+
+    # The median round by its ratio to the strictest baseline measured beside it.
+    def ratio_of(r: tuple[Any, ...]) -> float:
+        return float((args.episodes / r[0]) / (r[5] or r[4])[0])
+
+    ordered = sorted(rounds, key=ratio_of)
+    elapsed, ok, failures, spent, bare, confined = ordered[len(ordered) // 2]
     rate = args.episodes / elapsed
     bound = args.concurrency / (args.calls * args.latency_ms / 1000)
     peak = peak_rss_mib()
-    bare = baseline_rate(args.episodes, args.concurrency, args.calls, args.latency_ms, "bare")
-    # The same confinement as a sandbox gets here (namespaces and mounts need root).
-    confined = (
-        baseline_rate(args.episodes, args.concurrency, args.calls, args.latency_ms, "confined")
-        if os.geteuid() == 0
-        else None
+    print(
+        f"rounds              {len(rounds)}; ratio to the {'confined' if confined else 'bare'} baseline: "
+        + ", ".join(f"{ratio_of(r):.3f}" for r in rounds)
+        + "; the median round's figures follow"
     )
     print(f"episodes            {args.episodes} ({ok} scored 1.0)")
     print(f"concurrency C       {args.concurrency}")

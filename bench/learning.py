@@ -14,7 +14,8 @@ of the RL phase (rollouts + updates; eval points excluded), and under each RL ru
 (forward, backward, optimizer step) against its FLOP bound (`train/model_flops` over this machine's
 matmul rate in the updates' dtype, measured in this sitting). With `--control sft`, each RL run gets a
 control run of the same spec with no RL step (`learning.steps = 0`) and as many more SFT steps as
-take the RL phase's CPU time at the warm start's measured CPU seconds per SFT step; the table adds
+take the RL phase's CPU time at the warm start's measured CPU seconds per SFT step (`--sft-step-cpu-s`
+where the RL run started from a stored warm start, `model.init_adapter`, and made none); the table adds
 the control's held-out success, its CPU minutes, and RL's paired margin over it (per task, p-value by
 sign flips), and a last line per family pools the margin over the seeds (pairs are seed x task).
 Run it alone: torch processes sharing two cores with two threads each wait on each other. With
@@ -259,9 +260,18 @@ def spec_for(store: Store, family: str, seed: int, suites: list[str], args: argp
     )
 
 
-def control_of(spec: RunSpec, rl: Measured) -> tuple[RunSpec, int]:
-    """The same spec with no RL step and the RL phase's CPU time spent on more SFT steps."""
-    extra = round(rl.cpu_min * 60 / rl.sft_step_cpu_s)
+def control_of(spec: RunSpec, rl: Measured, step_cpu_s: float | None = None) -> tuple[RunSpec, int]:
+    """The same spec with no RL step and the RL phase's CPU time spent on more SFT steps, priced at
+    the run's own CPU seconds per SFT step, or `step_cpu_s` (a run that started from a stored warm
+    start, `model.init_adapter` with no SFT step of its own, has none)."""
+    per_step = step_cpu_s or rl.sft_step_cpu_s
+    if not per_step:
+        raise SystemExit(
+            f"--control sft: run {rl.run_id} made no SFT step to price the control's steps by (it "
+            "started from model.init_adapter); give --sft-step-cpu-s, e.g. the warm start's "
+            "sft_step_cpu_s in the ledger"
+        )
+    extra = round(rl.cpu_min * 60 / per_step)
     learning = spec.learning.model_copy(update={"steps": 0, "sft_steps": spec.learning.sft_steps + extra})
     return spec.model_copy(update={"learning": learning, "name": f"{spec.name}-sft-control"}), extra
 
@@ -306,6 +316,12 @@ def main() -> None:
     parser.add_argument("--recipe", type=Path, default=None, help="one spec for every family")
     parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="spec overrides")
     parser.add_argument("--control", choices=["sft"], default=None, help="an equal-compute SFT control")
+    parser.add_argument(
+        "--sft-step-cpu-s",
+        type=float,
+        default=None,
+        help="CPU seconds per SFT step to price the control by, where the RL run made none of its own",
+    )
     parser.add_argument("--keep", type=Path, default=None, help="keep the stores (run records) here")
     parser.add_argument("--ledger", type=Path, default=LEDGER, help="measured runs, one JSON line each")
     parser.add_argument("--no-train", action="store_true", help="print only what the ledger holds")
@@ -330,7 +346,7 @@ def main() -> None:
                     continue
                 control, extra = None, 0
                 if args.control == "sft":
-                    control_spec, extra = control_of(spec, rl)
+                    control_spec, extra = control_of(spec, rl, args.sft_step_cpu_s)
                     control = asyncio.run(run(store, control_spec, args.ledger, not args.no_train))
                     if control is None:
                         print(f"{family:<6}{'':<14}{seed:>4}  its control is not in the ledger")

@@ -50,6 +50,7 @@ def test_the_oracle_scores_one_and_a_wrong_answer_does_not(family: Any) -> None:
             "vf/correct": 1.0,
             "valid_calls": 1.0,
             "permission_respected": 1.0,
+            "failed_calls": 0.0,
         }
     for t in episodes(family, lambda task, messages: "I do not know the answer to that one.", 3):
         assert t.reward is not None and t.reward.components["vf/correct"] == 0.0

@@ -39,12 +39,23 @@ from typing import Any
 import psutil
 from rss import peak_rss_mib
 
-from reprorl.actions import render_call
-from reprorl.envs import ToolEnv, tool
-from reprorl.envs.sandbox import SandboxPool
-from reprorl.rewards import FinalState, Verifier, VerifierRunner
-from reprorl.rollout import EpisodeIds, ScriptedPolicy, run_episode
-from reprorl.types import Message, Permission, Role, Task
+# From the public API, as a user's tool module imports (the zygote imports this module too).
+from reprorl import (
+    EpisodeIds,
+    FinalState,
+    Message,
+    Permission,
+    Role,
+    SandboxPool,
+    ScriptedPolicy,
+    Task,
+    ToolEnv,
+    Verifier,
+    VerifierRunner,
+    render_call,
+    run_episode,
+    tool,
+)
 
 
 @tool(Permission.READ, params={"ms": "How long the lookup takes, in milliseconds."})

@@ -1,5 +1,5 @@
-"""A tool module that imports from reprorl's public API, as the docs show: the zygote runs the
-package's own __init__ for it, where a module that reads no name from `reprorl` never pays for it."""
+"""A tool module that imports from reprorl's public API, as the docs show: the zygote imports only
+the submodule that defines each name it reads, never the package's own __init__."""
 
 from __future__ import annotations
 

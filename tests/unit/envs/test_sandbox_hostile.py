@@ -12,6 +12,7 @@ import asyncio
 import os
 import secrets
 import shutil
+import signal
 import socket
 import stat
 import tempfile
@@ -139,7 +140,21 @@ def test_the_cpu_limit_kills_a_spinning_sandbox(runner: LoopThread, pool: Sandbo
     spin, after = runner.run(go())
     assert spin.crashed and not spin.timed_out and spin.duration_s < 10
     assert spin.signal is not None and "CPU limit" in (spin.error or "")
+    assert spin.cpu_s is not None and spin.cpu_s >= 0.9
+    assert f"after {spin.cpu_s:.2f} CPU-s" in (spin.error or "")
     assert after.value == "respawned"
+
+
+def test_a_sandbox_killed_early_is_not_blamed_on_its_cpu_limit(runner: LoopThread, pool: SandboxPool) -> None:
+    code = "import ctypes\nctypes.string_at(0)"  # a fault: the kernel's SIGSEGV reaches even a namespace init
+
+    async def go() -> CallResult:
+        async with pool.open(limits=SandboxLimits(cpu_s=5)) as box:
+            return await box.call(f"{TOOLS}:run_python", {"code": code})
+
+    died = runner.run(go())
+    assert died.crashed and died.signal == signal.SIGSEGV and died.cpu_s is not None and died.cpu_s < 1
+    assert "CPU limit" not in (died.error or "") and "CPU-s" in (died.error or "")
 
 
 def test_a_huge_file_stops_at_the_file_size_limit(runner: LoopThread, pool: SandboxPool) -> None:

@@ -35,6 +35,8 @@ class CallResult:
     """Length of the tool's full result; larger than `len(value)` when it was cut."""
     signal: int | None = None
     """The signal that killed the sandbox process, when it was killed by one."""
+    cpu_s: float | None = None
+    """CPU seconds the dead sandbox process had used (its reaped rusage), when known."""
 
     @property
     def truncated(self) -> bool:
@@ -60,7 +62,9 @@ def timed_out(timeout_s: float, duration_s: float) -> CallResult:
     )
 
 
-def crashed(status: int | None, duration_s: float, detail: str = "") -> CallResult:
+def crashed(
+    status: int | None, duration_s: float, detail: str = "", cpu_s: float | None = None
+) -> CallResult:
     """A call whose sandbox process died; `status` is the raw wait status, None when unknown."""
     signum: int | None = None
     if status is None:
@@ -70,6 +74,8 @@ def crashed(status: int | None, duration_s: float, detail: str = "") -> CallResu
         what = f"the sandbox process was killed by {_signal_name(sig)}"
     else:
         what = f"the sandbox process exited with code {_exit_code(status)}"
+    if cpu_s is not None:
+        what += f" after {cpu_s:.2f} CPU-s"
     return CallResult(
         ok=False,
         value="",
@@ -79,6 +85,7 @@ def crashed(status: int | None, duration_s: float, detail: str = "") -> CallResu
         crashed=True,
         duration_s=duration_s,
         signal=signum,
+        cpu_s=cpu_s,
     )
 
 

@@ -37,6 +37,10 @@ from reprorl.threads import off_loop
 HELLO_TIMEOUT_S = 30.0
 # How long a dead sandbox's exit status may take to arrive before the crash is reported without it.
 EXIT_STATUS_WAIT_S = 2.0
+# The kernel enforces RLIMIT_CPU on tick-sampled time, while the reaped rusage is the scheduler's
+# exact runtime: on a busy machine a process preempted between ticks is charged whole ticks, so it
+# can be killed at its limit having run a few percent less by the exact clock.
+CPU_LIMIT_SHARE = 0.9
 KILL_WAIT_S = 10.0
 
 
@@ -324,15 +328,11 @@ class Sandbox:
         except TimeoutError:
             ended, detail = None, "it closed its channel and was killed"
         await self._discard(child)
-        status = ended.status if ended else None
-        if (
-            status is not None
-            and os.WIFSIGNALED(status)
-            and ended
-            and ended.cpu_s >= self.limits.cpu_s - 0.05
-        ):
+        if ended is None:
+            return results.crashed(None, duration, detail)
+        if os.WIFSIGNALED(ended.status) and ended.cpu_s >= CPU_LIMIT_SHARE * self.limits.cpu_s:
             detail = f"it used its CPU limit of {self.limits.cpu_s} s (RLIMIT_CPU)"
-        return results.crashed(status, duration, detail)
+        return results.crashed(ended.status, duration, detail, ended.cpu_s)
 
     async def _discard(self, child: _Child) -> None:
         """Kill everything of the sandbox and forget `child`; a later call forks a fresh one."""

@@ -58,7 +58,7 @@ PROBES: list[tuple[str, str, tuple[str, ...], str]] = [
     ("write /dev", "open('/dev/reprorl-probe', 'w').write('x')", ("/dev/reprorl-probe",), "blocked"),
     ("write /root", "open('/root/reprorl-probe', 'w').write('x')", ("/root/reprorl-probe",), "blocked"),
     ("make a device", "os.mknod('null2', 0o600 | 0o020000, os.makedev(1, 3))", (), "blocked"),
-    ("overwrite the owner record", "open('../owner.json', 'w').write('{}')", (), "blocked"),
+    ("rename its directory, which names its owner", "os.rename('..', '../../sbx-1.1.evil')", (), "blocked"),
     ("write beside work/", "open('../snapshot-evil', 'w').write('x')", (), "blocked"),
     ("write the pool root", "open('../../reprorl-probe', 'w').write('x')", (), "blocked"),
     ("list other sandboxes", "assert os.listdir('../..')", (), "blocked"),

@@ -35,7 +35,7 @@ from reprorl.envs.sandbox import (
     mounts,
     reap_sandboxes,
 )
-from reprorl.envs.sandbox.layout import owner_record
+from reprorl.envs.sandbox.layout import process_start_ticks
 
 
 @pytest.fixture(scope="module")
@@ -522,21 +522,24 @@ def test_reaping_removes_sandboxes_of_dead_pools_and_kills_their_processes(tmp_p
     with sandbox_root() as root:
         dead = subprocess.Popen([sys.executable, "-c", "pass"])
         dead.wait()
-        orphaned = root / "sbx-0000dead"
+        orphaned = root / f"sbx-{dead.pid}.1.0000dead"
         (orphaned / "work").mkdir(parents=True)
-        lock = tmp_path / f"{uid}.lock"
-        record = {"pid": dead.pid, "start": 1, "uid": uid, "lock": str(lock)}
-        (orphaned / "owner.json").write_text(json.dumps(record))
-        live = root / "sbx-0000live"
+        os.chown(orphaned / "work", uid, uid)
+        live = root / f"sbx-{os.getpid()}.{process_start_ticks(os.getpid())}.0000live"
         (live / "work").mkdir(parents=True)
-        (live / "owner.json").write_text(json.dumps({**owner_record(os.getpid()), "uid": None, "lock": None}))
+        legacy = root / "sbx-0000legacy"  # an earlier version's: its owner in owner.json
+        (legacy / "work").mkdir(parents=True)
+        (legacy / "owner.json").write_text(json.dumps({"pid": dead.pid, "start": 1}))
+        unnamed = root / "sbx-0000creating"  # no owner yet: still being made, for a while
+        unnamed.mkdir()
         leftover = subprocess.Popen(["sleep", "60"], user=uid, group=uid, extra_groups=[], cwd="/")
         try:
             assert uid_processes(uid) == [leftover.pid]
-            assert reap_sandboxes(root) == 1
+            assert reap_sandboxes(root, tmp_path) == 2
             assert leftover.wait(timeout=10) == -signal.SIGKILL
-            assert not orphaned.exists() and live.exists()
-            assert lock.read_bytes() == b"clean"
+            assert not orphaned.exists() and not legacy.exists()
+            assert live.exists() and unnamed.exists()
+            assert (tmp_path / f"{uid}.lock").read_bytes() == b"clean"
         finally:
             leftover.kill()
             leftover.wait()

@@ -3,7 +3,6 @@ failed episode."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -12,10 +11,11 @@ from typing import Any
 import pytest
 
 from reprorl.envs.sandbox.layout import (
-    OWNER_FILE,
     create_dirs,
+    process_start_ticks,
     reap_sandboxes,
     remove_sandbox_dir,
+    sandbox_owner,
     try_lock,
     unlock,
 )
@@ -27,9 +27,11 @@ def test_a_removed_root_is_made_again_with_its_mode(tmp_path: Path) -> None:
     assert not root.exists()
     sandbox_id, dirs = create_dirs(root, None)
     try:
-        assert dirs.base == root / f"sbx-{sandbox_id}" and dirs.work.is_dir()
+        start = process_start_ticks(os.getpid())
+        assert dirs.base == root / f"sbx-{os.getpid()}.{start}.{sandbox_id}" and dirs.work.is_dir()
         assert root.stat().st_mode & 0o777 == 0o711
-        assert json.loads((dirs.base / OWNER_FILE).read_text())["pid"] == os.getpid()
+        assert sandbox_owner(dirs.base) == {"pid": os.getpid(), "start": start}
+        assert sorted(p.name for p in dirs.base.iterdir()) == ["work"]  # the owner is the name alone
     finally:
         remove_sandbox_dir(dirs.base)
     assert not dirs.base.exists()
@@ -39,10 +41,9 @@ def test_a_dead_pools_sandbox_reaped_by_two_pools_at_once_is_removed_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root = tmp_path / "sandboxes"
-    _, dirs = create_dirs(root, None)
+    sandbox_id, dirs = create_dirs(root, None)
     (dirs.work / "left.txt").write_text("x")
-    record = json.loads((dirs.base / OWNER_FILE).read_text())
-    (dirs.base / OWNER_FILE).write_text(json.dumps({**record, "pid": 2**22 + 1}))  # no such process
+    dead = dirs.base.rename(root / f"sbx-{2**22 + 1}.1.{sandbox_id}")  # no such process
     # The other pool removes each entry just before this one gets to it.
     real_unlink, real_rmdir = os.unlink, os.rmdir
 
@@ -56,7 +57,7 @@ def test_a_dead_pools_sandbox_reaped_by_two_pools_at_once_is_removed_once(
     monkeypatch.setattr(os, "unlink", raced(real_unlink))
     monkeypatch.setattr(os, "rmdir", raced(real_rmdir))
     assert reap_sandboxes(root) == 1
-    assert not dirs.base.exists()
+    assert not dead.exists()
 
 
 def test_a_uid_slots_state_is_kept_in_its_lock_file_across_holders(tmp_path: Path) -> None:

@@ -132,7 +132,7 @@ class SandboxPool:
         if self._started:
             return self
         prepare_root(self.root)
-        self.reaped = await off_loop(reap_sandboxes, self.root)
+        self.reaped = await off_loop(reap_sandboxes, self.root, self._slots.lock_dir)
         self._zygote = ZygoteClient(self.modules, self.sys_path)
         await self._zygote.start()
         self._started = True

@@ -91,6 +91,7 @@ class Measured:
     update_s: float | None = None
     update_flops: float | None = None
     compute_dtype: str | None = None
+    matmul_rate: float | None = None  # FLOP/s in compute_dtype, measured by the trainer as it started
     # The spec's fields that differ from their defaults, hashed (`recipe_key`): unlike the spec hash,
     # which covers every default, it survives a new spec field whose default changes nothing.
     recipe: str | None = None
@@ -167,32 +168,33 @@ def sft_minutes(record: RunRecord) -> tuple[float, float]:
     return sum(m["sft_cpu_s"] for m in sft) / 60, float(statistics.median(per_step)) if per_step else 0.0
 
 
-def update_figures(record: RunRecord) -> tuple[float | None, float | None, str | None]:
-    """(median update seconds, median update FLOP bound, matmul dtype) of the run's RL steps."""
+def update_figures(record: RunRecord) -> tuple[float | None, float | None, str | None, float | None]:
+    """(median update seconds, median update FLOP bound, matmul dtype, matmul FLOP/s the trainer
+    measured as it started) of the run's RL steps."""
     steps = [m for m in record.metrics().records if m.get("stage") is None and "train/update_s" in m]
-    dtype = next(
-        (str(e["compute_dtype"]) for e in record.events().records if e.get("event") == "trainer_device"),
-        None,
-    )
+    device = next((e for e in record.events().records if e.get("event") == "trainer_device"), {})
+    dtype = str(device["compute_dtype"]) if "compute_dtype" in device else None
+    rate = float(device["matmul_flops_per_s"]) if "matmul_flops_per_s" in device else None
     if not steps:
-        return None, None, dtype
+        return None, None, dtype, rate
     seconds = float(statistics.median(m["train/update_s"] for m in steps))
-    return seconds, float(statistics.median(m["train/model_flops"] for m in steps)), dtype
+    return seconds, float(statistics.median(m["train/model_flops"] for m in steps)), dtype, rate
 
 
 def bound_line(rl: Measured, rates: dict[str, float]) -> str | None:
-    """The updates' median seconds against their FLOP bound at this machine's matmul rate, measured
-    in this sitting (the first time a dtype is needed)."""
+    """The updates' median seconds against their FLOP bound at the matmul rate the trainer measured
+    as the run started (runs recorded before it did so: measured in this sitting, and said so)."""
     if rl.update_s is None or rl.update_flops is None or rl.compute_dtype is None:
         return None
-    dtype = getattr(torch, rl.compute_dtype)
-    if rl.compute_dtype not in rates:
-        rates[rl.compute_dtype] = matmul_flops(dtype)
-    bound = rl.update_flops / rates[rl.compute_dtype]
+    rate, when = rl.matmul_rate, "measured as the run started"
+    if rate is None:
+        if rl.compute_dtype not in rates:
+            rates[rl.compute_dtype] = matmul_flops(getattr(torch, rl.compute_dtype))
+        rate, when = rates[rl.compute_dtype], "measured now, not in the run"
+    bound = rl.update_flops / rate
     return (
         f"{'':<24}update {rl.update_s:.2f} s (median step); FLOP bound {bound:.2f} s at "
-        f"{rates[rl.compute_dtype] / 1e9:,.0f} GFLOP/s {rl.compute_dtype} matmul measured now: "
-        f"{rl.update_s / bound:.2f}x the bound"
+        f"{rate / 1e9:,.0f} GFLOP/s {rl.compute_dtype} matmul {when}: {rl.update_s / bound:.2f}x the bound"
     )
 
 
@@ -221,7 +223,7 @@ async def run(store: Store, spec: RunSpec, ledger: Path, train: bool) -> Measure
             return None
         record = await train_run(store, spec)
     points = suite_points(record)
-    update_s, update_flops, compute_dtype = update_figures(record)
+    update_s, update_flops, compute_dtype, matmul_rate = update_figures(record)
     measured = Measured(
         spec_hash=spec.spec_hash(),
         run_id=record.run_id,
@@ -236,6 +238,7 @@ async def run(store: Store, spec: RunSpec, ledger: Path, train: bool) -> Measure
         update_s=update_s,
         update_flops=update_flops,
         compute_dtype=compute_dtype,
+        matmul_rate=matmul_rate,
         recipe=recipe_key(spec),
     )
     append_ledger(ledger, measured)

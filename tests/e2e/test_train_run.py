@@ -60,6 +60,7 @@ def test_a_run_warm_starts_trains_and_records_everything(
     expected = "cuda" if torch.cuda.is_available() else "cpu"
     assert device["device"] == expected and device["master_dtype"] == "float32" and device["deterministic"]
     assert device["compute_dtype"] == "bfloat16" and device["torch"] == torch.__version__
+    assert device["matmul_flops_per_s"] > 1e9  # the update's bound, measured where it trained
     metrics = record.metrics().records
     sft = [m for m in metrics if m.get("stage") == "sft"]
     assert len(sft) == 3 and sft[-1]["sft_loss"] < sft[0]["sft_loss"]  # the warm start learned

@@ -10,6 +10,7 @@ speed the record names. CPU runs are deterministic for a fixed thread count with
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import torch
@@ -49,13 +50,36 @@ def make_deterministic(device: torch.device) -> dict[str, Any]:
     }
 
 
+def matmul_rate(device: torch.device, dtype: torch.dtype, n: int = 2048, reps: int = 3) -> float:
+    """FLOP/s of an n x n by n x n GEMM on `device` in `dtype`: the fastest of `reps` after a warm-up.
+    The hardware bound an update's FLOPs are held against, measured where and when the run trains
+    (the same machine under other load gives another figure)."""
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=gen).to(device=device, dtype=dtype)
+    b = torch.randn(n, n, generator=gen).to(device=device, dtype=dtype)
+    out = torch.empty(n, n, device=device, dtype=dtype)
+    best = float("inf")
+    for rep in range(reps + 1):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        torch.mm(a, b, out=out)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if rep:  # the first is the warm-up
+            best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
 def device_info(device: torch.device, *, autocast_bf16: bool) -> dict[str, Any]:
-    """What the run record says of where training ran."""
+    """What the run record says of where training ran, with its matmul rate in the compute dtype."""
+    compute = torch.bfloat16 if autocast_bf16 else torch.float32
     info: dict[str, Any] = {
         "device": device.type,
         "master_dtype": "float32",
         "compute_dtype": "bfloat16" if autocast_bf16 else "float32",
         "torch": torch.__version__,
+        "matmul_flops_per_s": matmul_rate(device, compute),
     }
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()

@@ -138,6 +138,7 @@ def test_a_worker_killed_mid_run_is_an_infra_failure_and_the_run_goes_on(
 def test_a_trainer_actor_that_dies_fails_the_run_and_resume_finishes_it(tmp_path: Path) -> None:
     from reprorl.orchestrate.jobs.ray_trainer import train_on_ray
     from reprorl.orchestrate.jobs.train import prepare_run
+    from reprorl.orchestrate.run.checkpoint import STEP_PREFIX, checkpoints_root
 
     store = tiny_training_store(tmp_path)
     spec = _spec(store, tmp_path, "learning.steps=4", "learning.checkpoint_every=1")
@@ -145,9 +146,11 @@ def test_a_trainer_actor_that_dies_fails_the_run_and_resume_finishes_it(tmp_path
     killed: list[str] = []
 
     def kill_the_trainer() -> None:
-        # Once two updates are on record (so a checkpoint is), the trainer's process goes.
+        # Once the checkpoint after two updates is renamed into place, the trainer's process goes (the
+        # second update's metric line comes before that checkpoint: killed between them, a run
+        # resumes from step 1).
         for _ in range(600):
-            if sum(1 for m in record.metrics().records if m.get("stage") is None) >= 2:
+            if (checkpoints_root(record) / f"{STEP_PREFIX}{2:06d}").is_dir():
                 ray.kill(ray.get_actor(f"trainer-{record.run_id}", namespace="reprorl"))
                 killed.append(record.run_id)
                 return

@@ -33,6 +33,7 @@ def test_a_cpu_trainer_records_its_threads_and_needs_no_cuda_settings(
     trainer = LocalTrainer(loaded.model, loaded.tokenizer, base_hash=loaded.base_hash)
     assert trainer.device.type == "cpu" and next(trainer.model.parameters()).device.type == "cpu"
     info = device_info(trainer.device, autocast_bf16=False)
+    rate = info.pop("matmul_flops_per_s")
     assert info == {
         "device": "cpu",
         "master_dtype": "float32",
@@ -40,6 +41,7 @@ def test_a_cpu_trainer_records_its_threads_and_needs_no_cuda_settings(
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
     }
+    assert 1e8 < rate < 1e15  # FLOP/s of a float32 GEMM on this CPU: measured, not a placeholder
     settings = make_deterministic(trainer.device)
     assert settings["deterministic"] and "thread count" in settings["why"]
     assert not torch.are_deterministic_algorithms_enabled()  # nothing was switched on the CPU

@@ -1,9 +1,9 @@
 """Learning check on the real model: held-out success before and after RL, per family and seed, with 95%
 CIs, and (`--control sft`) against an SFT-only run given the same compute.
 
-Per family and seed, in one scratch store: the family's recipe (`--recipe`, by default `configs/demo.toml`
-for calc and `configs/<family>.toml` for the others: SmolLM2-135M-Instruct, LoRA, an SFT warm start on
-oracle demonstrations, then RL) with that seed, evaluated on a held-out suite (the family's eval and
+Per family and seed, in one scratch store: the family's recipe (`--recipe`, by default
+`configs/<family>.toml`, `calculator.toml` for calc: SmolLM2-135M-Instruct, LoRA, an SFT warm start
+on oracle demonstrations, then RL) with that seed, evaluated on a held-out suite (the family's eval and
 holdout splits, never trained on) at the step-0 eval point (after the warm start, before any RL) and
 after the last step. `mixed` is one run over calc + sql + files (`configs/mixed.toml`: a merged train
 set, each step drawing every family its weighted share), measured on each family's held-out suite.
@@ -150,7 +150,7 @@ def register(store: Store, family: str, heldout: int, train: int | None = None) 
 def recipe(family: str, given: Path | None) -> Path:
     if given is not None:
         return given
-    return CONFIGS / ("demo.toml" if family == "calc" else f"{family}.toml")
+    return CONFIGS / ("calculator.toml" if family == "calc" else f"{family}.toml")
 
 
 def rl_minutes(record: RunRecord) -> tuple[float, float]:

@@ -63,9 +63,11 @@ def demo(
         console.print(f"  before RL (step {outcome.first_step}): {outcome.before}")
         console.print(f"  after RL  (step {outcome.last_step}): {outcome.after}")
         console.print(f"  change, paired by task: {outcome.change}")
+    # The demo's warm start is cut to fit its time: more SFT alone would lift it too (docs/training.md).
     console.print(
-        "multi-turn families: configs/sql.toml and configs/files.toml in the repository "
-        "(docs/training.md, 'Recipes'; measured by bench/learning.py)"
+        "this warm start is short, so part of the change is what more SFT would also give; the recipes "
+        "measured against an equal-compute SFT control are configs/calculator.toml, configs/sql.toml and "
+        "configs/files.toml in the repository (docs/training.md, 'Recipes'; bench/learning.py)"
     )
     console.print(f"run record: {record.path}")
     console.print(f"  see it with: reprorl runs show {record.run_id}")

@@ -16,6 +16,13 @@ BASE = (Path(__file__).resolve().parents[2] / "configs" / "calculator.toml").rea
 ZW = "\u200b"
 
 
+def swap(old: str, new: str, count: int = -1, text: str = BASE) -> str:
+    """The shipped spec with one text replaced; fails loudly if the spec no longer holds that text,
+    so a changed spec cannot turn a malformed case into a valid one."""
+    assert old in text, f"configs/calculator.toml no longer holds {old!r}: update this corpus"
+    return text.replace(old, new, count)
+
+
 def nested(depth: int, inner: str = "1") -> str:
     return "[" * depth + inner + "]" * depth
 
@@ -36,20 +43,20 @@ CASES: list[tuple[str, str | None, list[str], str]] = [
     ("file table headers 14 deep", BASE + "\n[" + ".".join(["t"] * 14) + "]\nx = 1\n", [], "t.t"),
     ("override key 14 deep", None, [".".join(["learning"] * 14) + "=1"], "learning.learning"),
     # Integers and numbers.
-    ("file seed of 5001 digits", BASE.replace("seed = 0", "seed = 1" + "0" * 5000), [], "spec.toml"),
+    ("file seed of 5001 digits", swap("seed = 0", "seed = 1" + "0" * 5000), [], "spec.toml"),
     ("override seed of 5001 digits", None, ["seed=1" + "0" * 5000], "seed"),
     ("override negative 5001 digits", None, ["learning.steps=-1" + "0" * 5000], "learning.steps"),
     ("seed of 65 bits", None, [f"seed={2**64}"], "seed"),
     ("steps of 100 bits", None, [f"learning.steps={10**30}"], "learning.steps"),
     ("nested huge int", None, [f"evaluation.x=[1, [{2**70}]]"], "evaluation.x[1][0]"),
-    ("file float 1e400", BASE.replace("lr = 1e-4", "lr = 1e400"), [], "learning.lr"),
-    ("file nan", BASE.replace("lr = 1e-4", "lr = nan"), [], "learning.lr"),
+    ("file float 1e400", swap("lr = 1e-4", "lr = 1e400"), [], "learning.lr"),
+    ("file nan", swap("lr = 1e-4", "lr = nan"), [], "learning.lr"),
     ("override -inf", None, ["learning.lr=-inf"], "learning.lr"),
     # Texts and lists.
     ("name of 70,000 characters", None, ["name=" + json.dumps("n" * 70_000)], "name"),
     (
         "file name of 70,000 characters",
-        BASE.replace('name = "calculator"', f'name = "{"n" * 70_000}"'),
+        swap('name = "calc"', f'name = "{"n" * 70_000}"'),
         [],
         "name",
     ),
@@ -64,7 +71,7 @@ CASES: list[tuple[str, str | None, list[str], str]] = [
     ("owner of 300 characters", None, ["evaluation.owner=" + "o" * 300], "evaluation.owner"),
     (
         "file zero-width owner",
-        BASE.replace('owner = "you@example.com"', f'owner = "{ZW}"', 1),
+        swap('owner = "you@example.com"', f'owner = "{ZW}"', 1),
         [],
         "model.owner",
     ),
@@ -123,10 +130,12 @@ def test_a_malformed_spec_is_one_line_naming_the_field(
 def test_every_problem_of_a_spec_is_named_on_a_line_of_its_own(cli: Cli, tmp_path: Path) -> None:
     spec = tmp_path / "five.toml"
     spec.write_text(
-        BASE.replace("seed = 0", "seedx = 0")
-        .replace("lr = 1e-4", 'lr = "fast"')
-        .replace("steps = 20", "steps = -1")
-        .replace('owner = "you@example.com"', f'owner = "{ZW}"', 1)
+        swap(
+            'owner = "you@example.com"',
+            f'owner = "{ZW}"',
+            1,
+            swap("steps = 10", "steps = -1", 1, swap("lr = 1e-4", 'lr = "fast"', 1, swap("seed = 0", "seedx = 0"))),
+        )
         + "\n[budget]\nmax_usd = 0\n"
     )
     code, _, err = cli("spec", "validate", str(spec))
@@ -186,7 +195,7 @@ def test_refusing_a_spec_loads_no_torch(store_home: Path, tmp_path: Path) -> Non
     import sys
 
     bad = tmp_path / "bad.toml"
-    bad.write_text(BASE.replace("lr = 1e-4", 'lr = "fast"'))
+    bad.write_text(swap("lr = 1e-4", 'lr = "fast"'))
     leaking = tmp_path / "leaking.toml"
     leaking.write_text(tiny_spec("corpus", 0, evaluation={"suites": ["calc-train"]}))
     for args in (

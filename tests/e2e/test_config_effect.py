@@ -134,8 +134,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "learning.rollout_concurrency": 4,
         "learning.pipeline.lockstep": "group",
         "learning.drop_zero_variance_groups": True,
-        "learning.sft_steps": 1,
+        "learning.sft_steps": 3,
         "learning.sft_lr": 2e-3,
+        "learning.sft_schedule": "linear",
         "learning.sft_batch_size": 2,
         "learning.sft_imperfect_fraction": 0.5,
         "learning.sft_demonstrations": 3,
@@ -336,6 +337,16 @@ def test_eval_rollouts_sample_at_the_eval_temperature_and_train_rollouts_at_the_
     }
     assert spec.evaluation.temperature == 0.3 and spec.learning.temperature == 0.7
     assert temperatures == {("train", 0.7), ("eval", 0.3)}
+
+
+def test_the_warm_start_follows_its_own_learning_rate_schedule(
+    runs: dict[str, tuple[dict[str, Any], RunSpec]],
+) -> None:
+    _, spec = runs["sync"]
+    rates = [m["sft_lr"] for m in records["sync"].metrics().records if m.get("stage") == "sft"]
+    base = [m["sft_lr"] for m in records["base"].metrics().records if m.get("stage") == "sft"]
+    assert spec.learning.sft_schedule == "linear" and base == []  # the base run has no warm start
+    assert rates == pytest.approx([2e-3, 2e-3 * 2 / 3, 2e-3 / 3])  # linear from sft_lr toward zero
 
 
 def test_the_warm_start_fits_at_its_own_temperature_and_rl_samples_at_the_learning_one(

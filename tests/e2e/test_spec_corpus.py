@@ -129,15 +129,11 @@ def test_a_malformed_spec_is_one_line_naming_the_field(
 
 def test_every_problem_of_a_spec_is_named_on_a_line_of_its_own(cli: Cli, tmp_path: Path) -> None:
     spec = tmp_path / "five.toml"
-    spec.write_text(
-        swap(
-            'owner = "you@example.com"',
-            f'owner = "{ZW}"',
-            1,
-            swap("steps = 10", "steps = -1", 1, swap("lr = 1e-4", 'lr = "fast"', 1, swap("seed = 0", "seedx = 0"))),
-        )
-        + "\n[budget]\nmax_usd = 0\n"
-    )
+    text = swap("seed = 0", "seedx = 0")
+    text = swap("lr = 1e-4", 'lr = "fast"', 1, text)
+    text = swap("steps = 10", "steps = -1", 1, text)
+    text = swap('owner = "you@example.com"', f'owner = "{ZW}"', 1, text)
+    spec.write_text(text + "\n[budget]\nmax_usd = 0\n")
     code, _, err = cli("spec", "validate", str(spec))
     assert code == 2
     lines = err.strip().splitlines()

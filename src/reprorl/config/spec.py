@@ -202,6 +202,13 @@ class LearningSpec(SpecModel):
     )
     sft_steps: int = Field(default=0, ge=0, description="SFT warm-start steps before RL.")
     sft_lr: float = Field(default=1e-3, gt=0.0, lt=1.0, description="Learning rate of the SFT warm start.")
+    sft_schedule: Literal["constant", "linear", "cosine"] = Field(
+        default="constant",
+        description="Learning-rate schedule of the warm start, from sft_lr at its first step toward zero "
+        "after its last. At a constant rate the mix a warm start has learnt (e.g. tool calls against the "
+        "imperfect demonstrations' direct answers) still swings from step to step at its end; a decay "
+        "lets it settle.",
+    )
     sft_batch_size: int = Field(default=8, ge=1, description="Demonstrations per SFT step.")
     sft_temperature: float = Field(
         default=1.0,

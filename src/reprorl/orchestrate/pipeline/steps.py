@@ -6,7 +6,6 @@ training drives the same pieces with another schedule).
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
@@ -29,20 +28,13 @@ from reprorl.rollout.scoring import counted
 from reprorl.rollout.stats import ToolStats
 from reprorl.trainer import Datum, LocalTrainer, sequences, with_logprobs
 from reprorl.trainer.ewma import EWMAWeights
+from reprorl.trainer.schedule import scheduled_lr
 from reprorl.types import Trajectory
 
 
 def learning_rate(learning: LearningSpec, step: int) -> float:
     """Linear warmup, then the spec's schedule from the peak rate down to zero at the last step."""
-    if step < learning.warmup_steps:
-        return learning.lr * (step + 1) / learning.warmup_steps
-    span = max(learning.steps - learning.warmup_steps, 1)
-    progress = (step - learning.warmup_steps) / span
-    if learning.schedule == "linear":
-        return learning.lr * (1.0 - progress)
-    if learning.schedule == "cosine":
-        return learning.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
-    return learning.lr
+    return scheduled_lr(learning.lr, step, learning.steps, learning.schedule, learning.warmup_steps)
 
 
 def correction_of(learning: LearningSpec) -> Correction:

@@ -112,6 +112,7 @@ READ_BY_LOOP = (
     "drop_zero_variance_groups",
     "sft_steps",
     "sft_lr",
+    "sft_schedule",
     "sft_batch_size",
     "sft_imperfect_fraction",
     "sft_demonstrations",

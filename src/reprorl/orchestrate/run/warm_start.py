@@ -23,6 +23,7 @@ from reprorl.policy.chat import ChatRenderer
 from reprorl.rollout.demos import collect_demonstrations
 from reprorl.store import RunRecord
 from reprorl.trainer import AdamParams, LocalTrainer, from_trajectory
+from reprorl.trainer.schedule import Schedule, scheduled_lr
 from reprorl.types import Task
 
 
@@ -46,10 +47,11 @@ async def sft_warm_start(
     steps: int,
     batch_size: int = 8,
     lr: float = 1e-3,
+    schedule: Schedule = "constant",
     seed: int = 0,
     imperfect_fraction: float = 0.0,
     autocast_bf16: bool = True,
-    on_step: Callable[[int, float], None] | None = None,
+    on_step: Callable[[int, float, float], None] | None = None,
     trainer: LocalTrainer | None = None,
 ) -> WarmStart:
     """Fit a new LoRA adapter on `loaded` to oracle demonstrations of `tasks`; save it to `out_dir`.
@@ -70,9 +72,10 @@ async def sft_warm_start(
     for step in range(steps):
         batch = rng.sample(data, min(batch_size, len(data)))
         losses.append(trainer.forward_backward(batch, CrossEntropy())["loss"])
-        trainer.optim_step(AdamParams(lr=lr))
+        rate = scheduled_lr(lr, step, steps, schedule)
+        trainer.optim_step(AdamParams(lr=rate))
         if on_step is not None:
-            on_step(step, losses[-1])
+            on_step(step, losses[-1], rate)
     digest = trainer.save_adapter(out_dir)
     success = sum(1.0 for d in demos if d.reward and d.reward.success) / max(len(demos), 1)
     return WarmStart(trainer, out_dir, digest, success, losses)
@@ -97,6 +100,7 @@ async def warm_start_run(
             steps=learning.sft_steps,
             batch_size=learning.sft_batch_size,
             lr=learning.sft_lr,
+            schedule=learning.sft_schedule,
             seed=derive_seed(spec.seed, "sft"),
             imperfect_fraction=learning.sft_imperfect_fraction,
             on_step=_step_logger(record),
@@ -125,14 +129,15 @@ def demonstrated_tasks(tasks: Sequence[Task], count: int | None, seed: int) -> l
     return [t for i, t in enumerate(tasks) if i in picked]
 
 
-def _step_logger(record: RunRecord) -> Callable[[int, float], None]:
-    """Log each SFT step's loss with the wall and CPU seconds it took (what an equal-compute control
-    of the RL steps is measured in); step 0's include collecting the demonstrations."""
+def _step_logger(record: RunRecord) -> Callable[[int, float, float], None]:
+    """Log each SFT step's loss and learning rate with the wall and CPU seconds it took (what an
+    equal-compute control of the RL steps is measured in); step 0's include collecting the
+    demonstrations."""
     last = [time.perf_counter(), time.process_time()]
 
-    def log(step: int, loss: float) -> None:
+    def log(step: int, loss: float, lr: float) -> None:
         wall, cpu = time.perf_counter(), time.process_time()
-        figures = {"sft_loss": loss, "sft_s": wall - last[0], "sft_cpu_s": cpu - last[1]}
+        figures = {"sft_loss": loss, "sft_lr": lr, "sft_s": wall - last[0], "sft_cpu_s": cpu - last[1]}
         last[:] = [wall, cpu]
         record.log_metrics(step, figures, stage="sft")
 

@@ -79,7 +79,7 @@ async def main(args: argparse.Namespace) -> None:
         root / "adapter",
         steps=args.sft_steps,
         seed=args.seed,
-        on_step=lambda step, loss: print(f"sft step {step}: loss {loss:.3f}", flush=True),
+        on_step=lambda step, loss, lr: print(f"sft step {step}: loss {loss:.3f}, lr {lr:.2g}", flush=True),
     )
     store.add("calc-sft", warm.adapter_dir, kind="adapter")
     seconds = time.perf_counter() - started

@@ -205,9 +205,9 @@ class LearningSpec(SpecModel):
     sft_schedule: Literal["constant", "linear", "cosine"] = Field(
         default="constant",
         description="Learning-rate schedule of the warm start, from sft_lr at its first step toward zero "
-        "after its last. At a constant rate the mix a warm start has learnt (e.g. tool calls against the "
-        "imperfect demonstrations' direct answers) still swings from step to step at its end; a decay "
-        "lets it settle.",
+        "after its last. At a constant rate the mix a warm start ends with (tool calls against the "
+        "imperfect demonstrations' direct answers) swings from step to step: calculator's three seeds "
+        "ended 64 steps at 0.87, 0.29 and 0.66 held out, and at 0.79, 0.78 and 0.70 under 'cosine'.",
     )
     sft_batch_size: int = Field(default=8, ge=1, description="Demonstrations per SFT step.")
     sft_temperature: float = Field(

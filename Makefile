@@ -75,6 +75,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/mypy
+	$(BIN)/mypy bench  # the benches import reprorl as users do: its API changes reach them here
 	$(BIN)/lint-imports
 
 format: $(STAMP)

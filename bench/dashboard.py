@@ -16,12 +16,14 @@ Last, the run page's sections: built once from every rollout, then served from t
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import shutil
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
@@ -77,8 +79,8 @@ def fetch(client: httpx.Client, url: str) -> float:
     return elapsed
 
 
-def median_of(repeat: int, fn: object) -> float:
-    return statistics.median(fn() for _ in range(repeat))  # type: ignore[operator]
+def median_of(repeat: int, fn: Callable[[], float]) -> float:
+    return statistics.median(fn() for _ in range(repeat))
 
 
 def main() -> None:
@@ -124,7 +126,7 @@ def main() -> None:
             print(f"first page, cold (verifies every part file once): {cold:.2f} s")
             print(f"{'page':36} {'dashboard s':>12} {'bare DuckDB s':>14} {'ratio':>6}")
             for name, (url, clause) in pages.items():
-                served = median_of(args.repeat, lambda url=url: fetch(client, url))
+                served = median_of(args.repeat, functools.partial(fetch, client, url))
                 con = duckdb.connect()
                 tail = clause if clause and clause.startswith("OFFSET") else ""
                 where = clause if clause and clause.startswith("WHERE") else ""

@@ -27,7 +27,9 @@ REPRORL = str(Path(sys.executable).parent / "reprorl")  # the console script of 
 
 def timed(label: str, argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
     start = time.perf_counter()
-    done = subprocess.run(argv, text=True, capture_output=True, check=False, **kwargs)  # type: ignore[call-overload]
+    done: subprocess.CompletedProcess[str] = subprocess.run(  # type: ignore[call-overload]
+        argv, text=True, capture_output=True, check=False, **kwargs
+    )
     print(f"{label:<40} {time.perf_counter() - start:>7.0f} s  (exit {done.returncode})", flush=True)
     if done.returncode not in (0, 1):
         sys.stderr.write(done.stdout[-4000:] + done.stderr[-4000:])

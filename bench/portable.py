@@ -94,19 +94,20 @@ def main() -> None:
             f"{-(-args.rollouts // args.batch)} part files, {run_bytes / 1e6:,.1f} MB, "
             f"written in {time.perf_counter() - start:.0f} s"
         )
-        bundle = root / "run.tar"
+        bundle_path = root / "run.tar"
         for name in ("idle", "export", "verify", "import"):
-            figures = child(name, root / "home", run_id, bundle, root / "target")
+            figures = child(name, root / "home", run_id, bundle_path, root / "target")
             if name == "idle":
                 floor = figures["peak_mib"]
                 print(f"{name:<7} peak RSS {floor:>6.0f} MiB (a process that only imported reprorl)")
                 continue
-            size = bundle.stat().st_size
+            size = bundle_path.stat().st_size
             print(
                 f"{name:<7} {figures['seconds']:>7.1f} s  {size / 1e6 / figures['seconds']:>7.1f} MB/s  "
                 f"peak RSS {figures['peak_mib']:>6.0f} MiB"
             )
-        print(f"bundle {bundle.stat().st_size / 1e6:,.1f} MB for a run folder of {run_bytes / 1e6:,.1f} MB")
+        size = bundle_path.stat().st_size
+        print(f"bundle {size / 1e6:,.1f} MB for a run folder of {run_bytes / 1e6:,.1f} MB")
 
 
 if __name__ == "__main__":

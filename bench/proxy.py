@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import subprocess
 import sys
 import threading
@@ -123,7 +124,7 @@ def smollm_turn(quick: bool, tokens: int, repeat: int) -> tuple[float, str]:
     loaded = tiny_model(0) if quick else load_base()
     renderer = ChatRenderer(loaded.tokenizer)
     sampler = LocalSampler(loaded.model, loaded.tokenizer, model_hash=loaded.base_hash, policy_version="base")
-    sampler.stop_strings, sampler.stop_ids = (), frozenset()  # type: ignore[misc]
+    sampler.stop_strings, sampler.stop_ids = (), frozenset()
     request = SampleRequest("turn", _prompt(renderer), SamplingParams(max_tokens=tokens), seed=1)
     return best_of(lambda: sampler.sample([request]), repeat), loaded.name
 
@@ -159,7 +160,7 @@ def under_load(loop: Loop, agents: int, turns: int) -> dict[str, float]:
     renderer = ChatRenderer(tiny.tokenizer)
     sampler = LocalSampler(tiny.model, tiny.tokenizer, model_hash=tiny.base_hash, policy_version="base")
     proxy = loop.run(_start(AgentProxy()))
-    lockstep = loop.run(_make_lockstep(sampler, agents))
+    lockstep: OpenLockstep = loop.run(_make_lockstep(sampler, agents))
 
     async def submit(request: SampleRequest) -> tuple[Sample, float]:
         return await lockstep.sample(0, request)
@@ -184,7 +185,7 @@ def under_load(loop: Loop, agents: int, turns: int) -> dict[str, float]:
             SampleRequest(f"d/{i}/{turn}", _context(e, turn), SamplingParams(max_tokens=16), seed=turn)
             for i, e in enumerate(exchanges)
         ]
-        direct += best_of(lambda batch=batch: sampler.sample(batch), 2)
+        direct += best_of(functools.partial(sampler.sample, batch), 2)
     loop.run(proxy.__aexit__(None, None, None))
     batches = lockstep.batches
     return {

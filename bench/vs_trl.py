@@ -274,7 +274,7 @@ def run_trl(work: Workload, args: argparse.Namespace, scratch: Path) -> Curve:
     from datasets import Dataset
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer  # type: ignore[attr-defined]
+    from trl import GRPOConfig, GRPOTrainer
 
     curve = Curve("trl")
     started = time.perf_counter()

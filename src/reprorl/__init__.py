@@ -9,7 +9,7 @@ between versions.
 """
 
 import os
-from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING
 
 # MKL's default GEMM kernels may round differently with the alignment of their operands, so the same
 # computation could differ between two processes that allocated differently. Strict conditional
@@ -41,6 +41,7 @@ from reprorl.rollout.external_families import OpenEnvServerSpec, openenv_family,
 from reprorl.rollout.families import family, register_family
 from reprorl.store import Store, find_run
 from reprorl.types import Message, Permission, Role, Split, Task, TaskSet, Trajectory
+from reprorl.version import __version__
 
 # Losses, training and jobs need torch, and judges numpy; they load on first use so that `import
 # reprorl` stays light for tools that only read records, and starts no thread (BLAS starts its pool
@@ -81,10 +82,26 @@ def __getattr__(name: str) -> object:
     return value
 
 
-try:
-    __version__ = version("reprorl")
-except PackageNotFoundError:  # running from a source tree without an install
-    __version__ = "0.0.0"
+if TYPE_CHECKING:  # what `__getattr__` loads, as type checkers see it (not `object`)
+    from reprorl.algos import (
+        LossOutput,
+        LossShared,
+        TokenBatch,
+        masked_mean,
+        register_advantage,
+        register_loss,
+        sequence_mean,
+        sequence_means,
+    )
+    from reprorl.dashboard import DashboardServer, create_dashboard
+    from reprorl.evaluation.judge import Judge, register_judge
+    from reprorl.orchestrate.jobs.export_adapter import export_adapter
+    from reprorl.orchestrate.jobs.replay import replay
+    from reprorl.orchestrate.jobs.train import train_run
+    from reprorl.policy.http import HttpSampler
+    from reprorl.portable import export_bundle, import_bundle, read_bundle
+    from reprorl.store.rollout_query import RolloutStore
+    from reprorl.trainer.data import sequences
 
 __all__ = [  # noqa: RUF022 -- grouped by the story each name serves
     # Write an env family.

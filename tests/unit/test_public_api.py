@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import reprorl
 
@@ -35,3 +37,21 @@ def test_import_starts_no_thread() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert done.stdout.split() == ["1", "False"]
+
+
+def test_lazy_names_are_typed_for_type_checkers() -> None:
+    # A name `__getattr__` loads is `object` to mypy unless the TYPE_CHECKING block imports it too,
+    # and a user's strict type check would then reject every call of it.
+    tree = ast.parse(Path(reprorl.__file__).read_text())
+    typed = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+        for stmt in node.body
+        if isinstance(stmt, ast.ImportFrom)
+        for alias in stmt.names
+    }
+    lazy = reprorl._LAZY  # type: ignore[attr-defined]
+    assert set(lazy) - typed == set()
+    for name, module in lazy.items():
+        assert getattr(reprorl, name).__module__.startswith(module.rsplit(".", 1)[0]), name

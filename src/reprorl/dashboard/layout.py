@@ -11,8 +11,8 @@ from collections.abc import Iterable, Mapping
 
 from fastapi.responses import HTMLResponse
 
-from reprorl import __version__
 from reprorl.report.page import esc
+from reprorl.version import __version__
 
 NAV = (("runs", "/", "Runs"), ("compare", "/compare", "Compare"), ("artifacts", "/artifacts", "Artifacts"))
 

@@ -7,13 +7,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reprorl import __version__
 from reprorl.errors import ReprorlError
 from reprorl.report import exploration, pipeline, sections, tables, trajectories
 from reprorl.report.page import Section, document, none_line
 from reprorl.report.records import RunView
 from reprorl.store import RunRecord, Store, find_run
 from reprorl.store.atomic import write_atomic
+from reprorl.version import __version__
 
 REPORT_FILE = "report.html"
 BUILDERS: tuple[tuple[str, str, Callable[[RunView], Section]], ...] = (

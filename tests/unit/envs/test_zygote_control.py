@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import select
 import socket
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 
 from reprorl.envs.sandbox.errors import SandboxError
-from reprorl.envs.sandbox.protocol import decode_control
-from reprorl.envs.sandbox.zygote import ZygoteClient
+from reprorl.envs.sandbox.protocol import decode_control, encode_control
+from reprorl.envs.sandbox.zygote import LEAN_START, ZygoteClient, _package_parent
 
 
 def test_every_sender_waiting_on_a_full_control_socket_gets_through() -> None:
@@ -83,3 +86,30 @@ def test_a_message_that_cannot_be_taken_gives_up_the_channel_not_spins() -> None
     asyncio.run(go())
     theirs.close()
     assert len(seen) == 1 and isinstance(seen[0], MemoryError)
+
+
+def test_the_zygote_shuts_down_cleanly_when_the_pool_resets_the_connection() -> None:
+    """A pool killed with the zygote's replies unread resets the control socket instead of closing
+    it: the zygote must take that as the pool gone (stop its sandboxes, exit 0), not die on it."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    process = subprocess.Popen(
+        [sys.executable, "-c", LEAN_START, "--fd", str(theirs.fileno())],
+        pass_fds=[theirs.fileno()],
+        stderr=subprocess.PIPE,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": _package_parent()},
+    )
+    theirs.close()
+    ours.sendall(encode_control({"op": "init", "modules": [], "sys_path": []}))
+    ours.settimeout(60)
+    ready = decode_control(ours.recv(1 << 16))
+    assert ready["op"] == "ready"
+    ours.sendall(encode_control({"op": "bogus", "id": 7}))  # its reply is left unread
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        readable, _, _ = select.select([ours], [], [], 0.1)
+        if readable:  # the reply is queued for us: closing now resets the connection
+            break
+    ours.close()
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 0, stderr.decode()[-2000:]
+    assert b"Traceback" not in stderr

@@ -99,7 +99,12 @@ class Zygote:
         return True
 
     def _recv(self) -> tuple[dict[str, Any] | None, list[int]]:
-        data, fds, _flags, _addr = socket.recv_fds(self.control, CONTROL_MESSAGE_BYTES, 4)
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(self.control, CONTROL_MESSAGE_BYTES, 4)
+        except ConnectionResetError:
+            # The pool closed its end with our replies unread (its process was killed): as gone as
+            # at EOF, and its sandboxes must be stopped all the same.
+            return None, []
         if not data:
             for fd in fds:
                 os.close(fd)

@@ -1,8 +1,9 @@
 """Sampling: turning prompts (token ids) into sampled tokens with their logprobs, one seed per row.
 
 A `Sampler` takes a batch of `SampleRequest`s and returns one `Sample` each. `LocalSampler` decodes
-with transformers on this machine: left-padded prefill, a KV cache, and one forward pass per new
-token for the whole batch. For a plain Llama on the CPU the decode steps skip the module tree: the
+with transformers on this machine: a prefill (`reprorl.policy.prefill`: the shared prefix once, the
+remainders in runs of like length), a KV cache, and one forward pass per new token for the whole
+batch. For a plain Llama on the CPU the decode steps skip the module tree: the
 same weights, packed once for the batch size into fused q|k|v and gate|up GEMMs, and a KV cache
 written in place. Every row draws from its own `torch.Generator` seeded by its request, so the
 tokens of a row depend on its seed and never on the global RNG: the generator gives one uniform
@@ -34,15 +35,14 @@ from reprorl.actions import CLOSE
 from reprorl.policy.draw import choose as choose  # re-exported: bench/sampling.py wraps it to profile
 from reprorl.policy.fast_llama import LlamaSteps, PackedLlama, fast_path_applies, packing_key
 from reprorl.policy.models import LoadedModel
+from reprorl.policy.prefill import prefill
 from reprorl.threads import native_thread
 from reprorl.types import SamplingParams
 
 FinishReason = Literal["stop", "length", "tool_call"]
-# Bumped whenever the same requests could give other bits (draw method, kernels, packing); a
-# replay compares it with the recorded one before comparing tokens.
-SAMPLER_VERSION = 3
-# A prefix shorter than this is recomputed per row: a separate pass would cost more than it saves.
-MIN_SHARED_PREFIX = 16
+# Bumped whenever the same requests could give other bits (draw method, kernels, packing, how the
+# prefill splits a batch); a replay compares it with the recorded one before comparing tokens.
+SAMPLER_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -261,41 +261,9 @@ class LocalSampler:
     def _prefill(
         self, prompts: list[tuple[int, ...]], steps: int, cache: DynamicCache
     ) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """Fill `cache` with the prompts; the last logits, the padding mask (room for `steps`), the width.
-
-        Prompts of one batch share a long prefix (system prompt, tool schemas) and the members of a
-        group share all of theirs on the first turn: the shared prefix is computed once, each distinct
-        remainder once (left-padded after the prefix: the mask has a hole, positions skip it), and
-        the cache and logits are copied out to the rows that repeat them. Which rows share what is a
-        function of the batch alone, so re-running a batch gives the same bits.
-        """
-        lengths = [len(p) for p in prompts]
-        shared = _shared_prefix(prompts) if len(prompts) > 1 else 0
-        shared = min(shared, min(lengths) - 1)  # every row keeps a token of its own to predict from
-        if shared < MIN_SHARED_PREFIX:
-            shared = 0
-        distinct: dict[tuple[int, ...], int] = {}
-        of_row = [distinct.setdefault(p[shared:], len(distinct)) for p in prompts]
-        tails = list(distinct)
-        rest = max(len(t) for t in tails)
-        width = shared + rest
-        ids = torch.full((len(tails), rest), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(tails), width + steps), dtype=torch.bool)
-        mask[:, :shared] = True
-        for i, tail in enumerate(tails):
-            ids[i, rest - len(tail) :] = torch.tensor(tail)
-            mask[i, width - len(tail) : width] = True
-        if shared:
-            head = torch.tensor(prompts[0][:shared])[None]
-            self._forward(head, mask[:1, :shared], torch.arange(shared)[None], cache)
-            cache.batch_repeat_interleave(len(tails))
-        positions = (mask[:, :width].long().cumsum(-1) - 1).clamp(min=0)[:, shared:]
-        logits = self._forward(ids, mask[:, :width], positions, cache)
-        if len(tails) < len(prompts):
-            index = torch.tensor(of_row)
-            cache.batch_select_indices(index)
-            logits, mask = logits[index], mask[index]
-        return logits, mask, width
+        """Fill `cache` with the prompts (`reprorl.policy.prefill`); the last logits, the padding mask
+        (room for `steps`), the width."""
+        return prefill(self._forward, prompts, steps, cache, self.pad_id)
 
     def _forward(
         self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: DynamicCache
@@ -338,14 +306,6 @@ class LocalSampler:
                 row.finish = "tool_call"
         if row.finish is None and len(row.tokens) >= budget:
             row.finish = "length"
-
-
-def _shared_prefix(prompts: Sequence[Sequence[int]]) -> int:
-    """Length of the longest prefix every prompt starts with."""
-    first, n = prompts[0], min(len(p) for p in prompts)
-    for p in prompts[1:]:
-        n = next((i for i in range(n) if p[i] != first[i]), n)
-    return n
 
 
 class _HFSteps:

@@ -209,32 +209,29 @@ def test_bfloat16_decode_is_as_close_to_float32_as_the_models_own_forward() -> N
     assert packed < 2 * own + 0.01, (packed, own)
 
 
+SYSTEM = "You are a careful assistant. Use the tools. " * 6
+
+
+def _chat(model: LoadedModel, task: str) -> tuple[int, ...]:
+    """The first prompt of a task under the long system prompt every row shares."""
+    ids = model.tokenizer.apply_chat_template(
+        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
+    return tuple(int(i) for i in ids)
+
+
 def _system_prompts(model: LoadedModel) -> list[tuple[int, ...]]:
     """Six rows as a training step sends them: one long system prompt, three tasks, two members each."""
-    system = "You are a careful assistant. Use the tools. " * 6
-    prompts = []
-    for task in ["What is 2+2?", "Count the files in /data.", "Hi"]:
-        ids = model.tokenizer.apply_chat_template(
-            [{"role": "system", "content": system}, {"role": "user", "content": task}],
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
-        )
-        prompts += [tuple(int(i) for i in ids)] * 2
-    return prompts
+    return [
+        _chat(model, task) for task in ["What is 2+2?", "Count the files in /data.", "Hi"] for _ in range(2)
+    ]
 
 
-def test_a_shared_prefix_and_repeated_prompts_are_computed_once(
-    model: LoadedModel, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The prefill runs the common prefix once and each distinct remainder once; every row still
-    gets its own policy's tokens and logprobs, and re-running the batch gives the same bits."""
-    import reprorl.policy.sampling as sampling
-
-    prompts = _system_prompts(model)
-    params = SamplingParams(temperature=1.0, max_tokens=12)
-    requests = [SampleRequest(f"r{i}", p, params, 50 + i) for i, p in enumerate(prompts)]
-    sampler = LocalSampler.from_loaded(model)
+def _forward_shapes(sampler: LocalSampler, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """The (rows, positions) of every forward pass the sampler's prefill makes from now on."""
     shapes: list[tuple[int, int]] = []
     forward = sampler._forward
 
@@ -243,8 +240,23 @@ def test_a_shared_prefix_and_repeated_prompts_are_computed_once(
         return forward(ids, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(sampler, "_forward", spy)
+    return shapes
+
+
+def test_a_shared_prefix_and_repeated_prompts_are_computed_once(
+    model: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The prefill runs the common prefix once and each distinct remainder once; every row still
+    gets its own policy's tokens and logprobs, and re-running the batch gives the same bits."""
+    import reprorl.policy.prefill as sampling
+
+    prompts = _system_prompts(model)
+    params = SamplingParams(temperature=1.0, max_tokens=12)
+    requests = [SampleRequest(f"r{i}", p, params, 50 + i) for i, p in enumerate(prompts)]
+    sampler = LocalSampler.from_loaded(model)
+    shapes = _forward_shapes(sampler, monkeypatch)
     shared = sampler.sample(requests)
-    prefix = sampling._shared_prefix(prompts)
+    prefix = sampling.shared_prefix(prompts)
     assert prefix >= sampling.MIN_SHARED_PREFIX
     assert shapes[0] == (1, prefix)  # the system prompt, once
     assert shapes[1] == (3, max(len(p) for p in prompts) - prefix)  # each task once, not per member
@@ -257,12 +269,47 @@ def test_a_shared_prefix_and_repeated_prompts_are_computed_once(
     assert shapes[0] == (3, max(len(p) for p in prompts))  # the control: no prefix pass
     for a, b, prompt in zip(shared, unshared, prompts, strict=True):
         assert a.token_ids == b.token_ids
-        ids = torch.tensor([list(prompt) + list(a.token_ids)])
-        with torch.no_grad():
-            logits = model.model(input_ids=ids).logits[0].float()
-        logp = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
-        expected = logp.gather(1, torch.tensor(a.token_ids)[:, None])[:, 0]
+        expected = _reference_logprobs(model, prompt, a.token_ids)
         torch.testing.assert_close(torch.tensor(a.logprobs), expected, atol=1e-4, rtol=0)
+
+
+def _reference_logprobs(model: LoadedModel, prompt: tuple[int, ...], tokens: tuple[int, ...]) -> torch.Tensor:
+    """The sampled tokens' logprobs from one unpadded forward pass over the row alone."""
+    ids = torch.tensor([list(prompt) + list(tokens)])
+    with torch.no_grad():
+        logits = model.model(input_ids=ids).logits[0].float()
+    logp = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+    return logp.gather(1, torch.tensor(tokens)[:, None])[:, 0]
+
+
+def test_remainders_of_unlike_length_are_prefilled_in_runs(
+    model: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A multi-turn batch holds a first turn's short remainder beside a later turn's long one: the
+    remainders run in passes of like length, each padded only to its own longest, and every row
+    still gets its own policy's logprobs, the same bits on a re-run."""
+    import reprorl.policy.prefill as prefill
+
+    prompts = [_chat(model, "count " * words) for words in (1, 2, 30, 34, 80, 3)]
+    prefix = prefill.shared_prefix(prompts)
+    tails = [len(p) - prefix for p in prompts]
+    runs = prefill.length_runs(tails)
+    assert len(runs) >= 3, tails
+    params = SamplingParams(temperature=1.0, max_tokens=10)
+    requests = [SampleRequest(f"r{i}", p, params, 70 + i) for i, p in enumerate(prompts)]
+    sampler = LocalSampler.from_loaded(model)
+    shapes = _forward_shapes(sampler, monkeypatch)
+    first = sampler.sample(requests)
+    passes = shapes[1 : 1 + len(runs)]
+    assert shapes[0] == (1, prefix)
+    assert passes == [(len(run), max(tails[i] for i in run)) for run in runs]
+    assert sum(r * w for r, w in passes) < len(prompts) * max(tails)  # fewer padded positions
+    assert [(s.token_ids, s.logprobs) for s in sampler.sample(requests)] == [
+        (s.token_ids, s.logprobs) for s in first
+    ]
+    for sample, prompt in zip(first, prompts, strict=True):
+        expected = _reference_logprobs(model, prompt, sample.token_ids)
+        torch.testing.assert_close(torch.tensor(sample.logprobs), expected, atol=1e-4, rtol=0)
 
 
 def test_concurrent_callers_take_turns_and_get_their_serial_bits(

@@ -94,6 +94,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "seed": 4,
         "model.init_adapter": "effect-adapter",
         "model.sampling_dtype": "bfloat16",
+        "model.train_dtype": "float32",
         "model.chat_template": "primed",
         "data.train": "calc-train-short",
         "data.tool_output_chars": 100,

@@ -12,6 +12,7 @@ from reprorl.cli.output import console, print_json
 from reprorl.config.screen import ScreenSpec
 from reprorl.errors import UserInputError
 from reprorl.evaluation.screening import CLASSES, ScreenReport
+from reprorl.hardware import resolve_dtype
 from reprorl.store import RunRecord, find_run
 from reprorl.types import Split
 
@@ -34,7 +35,9 @@ def screen(
     top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0),
     max_tokens: int = typer.Option(64, "--max-tokens", min=1, help="Max new tokens per model turn."),
     max_turns: int = typer.Option(3, "--max-turns", min=1),
-    dtype: str = typer.Option("float32", "--dtype", help="Sampling precision: float32 or bfloat16."),
+    dtype: str = typer.Option(
+        "float32", "--dtype", help="Sampling precision: float32, bfloat16, or auto (this machine's faster)."
+    ),
     chunk: int = typer.Option(
         8, "--chunk", min=1, help="Tasks per recorded part (what a kill loses at most)."
     ),
@@ -79,8 +82,8 @@ def screen(
             raise UserInputError(
                 "give a task set and --policy MODEL[+ADAPTER] (or --resume RUN)", field="--policy"
             )
-        if dtype not in ("float32", "bfloat16"):
-            raise UserInputError(f"--dtype {dtype!r}: use float32 or bfloat16", field="--dtype")
+        if dtype not in ("auto", "float32", "bfloat16"):
+            raise UserInputError(f"--dtype {dtype!r}: use auto, float32 or bfloat16", field="--dtype")
         spec = ScreenSpec(
             taskset=store.pin_newest(taskset),
             split=split,
@@ -91,7 +94,7 @@ def screen(
             top_p=top_p,
             max_tokens=max_tokens,
             max_turns=max_turns,
-            sampling_dtype=dtype,
+            sampling_dtype=resolve_dtype(dtype),  # pinned: the screen's record says what ran
             chunk=chunk,
             replays=replays,
             probes=probes,

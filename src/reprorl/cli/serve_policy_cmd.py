@@ -13,9 +13,11 @@ import typer
 from reprorl.cli.context import options
 from reprorl.cli.demo_cmd import BASE_MODEL_NAME
 from reprorl.errors import UserInputError
+from reprorl.hardware import resolve_dtype
 
 
 class DType(StrEnum):
+    AUTO = "auto"
     FLOAT32 = "float32"
     BFLOAT16 = "bfloat16"
 
@@ -35,7 +37,11 @@ def serve_policy(
         "127.0.0.1", "--host", help="Address to listen on (loopback unless --allow-remote)."
     ),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to listen on; 0 picks a free one."),
-    dtype: DType = typer.Option(DType.FLOAT32, "--dtype", help="Dtype of the weights while serving."),
+    dtype: DType = typer.Option(
+        DType.FLOAT32,
+        "--dtype",
+        help="Dtype of the weights while serving; auto: bfloat16 on CUDA and CPUs with AMX, else float32.",
+    ),
     allow_remote: bool = typer.Option(
         False, "--allow-remote", help="Allow a non-loopback --host (the server has no authentication)."
     ),
@@ -58,7 +64,7 @@ def serve_policy(
             base,
             adapter=adapter,
             store=options(ctx).store(),
-            dtype=torch.float32 if dtype is DType.FLOAT32 else torch.bfloat16,
+            dtype=torch.float32 if resolve_dtype(dtype.value) == "float32" else torch.bfloat16,
         )
         app = create_app(policy.sampler, policy.renderer, model_name=policy.name)
         ready = f"serving {policy.name} ({policy.policy_version}) on {url_of(sock)}\n"

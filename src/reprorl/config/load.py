@@ -1,4 +1,4 @@
-"""Loading run specs from TOML with dotted overrides, and pinning their artifact references.
+"""Loading run specs from TOML with dotted overrides, and pinning their artifact references and precisions.
 
 Every way a spec can be wrong ends in one `SpecError` whose message is a single line that names
 the field (`learning.lr: ...`) and says how to fix it.
@@ -17,8 +17,10 @@ from pydantic import BaseModel, Discriminator, TypeAdapter, ValidationError
 
 from reprorl.config.judge import JudgeConfig, JudgeTable
 from reprorl.config.limits import MAX_DEPTH, FieldPath, check_limits, dotted, integer_problem, parse_toml
+from reprorl.config.model import PRECISION_FIELDS
 from reprorl.config.spec import RunSpec
 from reprorl.errors import FloatingReferenceError, SpecError, UserInputError
+from reprorl.hardware import resolve_dtype
 from reprorl.refs import ArtifactRef, RefError
 
 MAX_SPEC_BYTES = 1 << 20
@@ -319,7 +321,8 @@ Resolver = Callable[[ArtifactRef], str]
 
 
 def resolve_spec(spec: RunSpec, resolver: Resolver) -> RunSpec:
-    """Return the spec with every reference pinned to a full content hash."""
+    """Return the spec with every reference pinned to a full content hash and every "auto" precision
+    to the one this machine computes fastest in (`reprorl.hardware.auto_dtype`)."""
     data = spec.model_dump(mode="json")
     for path, ref in iter_refs(spec):
         try:
@@ -331,21 +334,29 @@ def resolve_spec(spec: RunSpec, resolver: Resolver) -> RunSpec:
         for part in path[:-1]:
             node = node[part]
         node[path[-1]] = pinned
+    for name in PRECISION_FIELDS:
+        data["model"][name] = resolve_dtype(data["model"][name])
     return validate_spec(data)
 
 
+def _unpinned(spec: RunSpec) -> Iterator[tuple[str, str]]:
+    """Each field `resolve_spec` would still pin, with what it holds."""
+    for path, ref in iter_refs(spec):
+        if not ref.parsed.is_pinned:
+            yield dotted(path), f"{ref!r} is not pinned to a content hash"
+    for name in PRECISION_FIELDS:
+        if getattr(spec.model, name) == "auto":
+            yield f"model.{name}", "'auto' is not pinned to a precision"
+
+
 def is_resolved(spec: RunSpec) -> bool:
-    return all(ref.parsed.is_pinned for _, ref in iter_refs(spec))
+    return next(_unpinned(spec), None) is None
 
 
 def ensure_resolved(spec: RunSpec) -> RunSpec:
-    """Raise naming the first reference that is not pinned to a full hash."""
-    for path, ref in iter_refs(spec):
-        if not ref.parsed.is_pinned:
-            raise SpecError(
-                f"{ref!r} is not pinned to a content hash; resolve the spec against a registry first",
-                field=dotted(path),
-            )
+    """Raise naming the first field not pinned (a reference to a full hash, a precision from "auto")."""
+    for field, problem in _unpinned(spec):
+        raise SpecError(f"{problem}; resolve the spec against a registry first", field=field)
     return spec
 
 

@@ -10,6 +10,12 @@ from reprorl.config.base import Owner, SpecModel
 from reprorl.config.engine import VllmEngine
 from reprorl.refs import ArtifactRef
 
+# A compute precision; "auto" is what `reprorl.hardware.auto_dtype` picks on the machine that resolves
+# the spec.
+Precision = Literal["auto", "float32", "bfloat16"]
+# The fields that hold one, pinned from "auto" by `resolve_spec`.
+PRECISION_FIELDS = ("sampling_dtype", "train_dtype")
+
 
 class LoraAdapter(SpecModel):
     """Train a LoRA adapter on top of the frozen base weights."""
@@ -74,10 +80,17 @@ class ModelSpec(SpecModel):
         description="Sample the run's rollouts with vLLM instead of in this process (LoRA only); "
         "see docs/scaling.md.",
     )
-    sampling_dtype: Literal["float32", "bfloat16"] = Field(
+    sampling_dtype: Precision = Field(
         default="float32",
-        description="Precision the local sampler runs in; bfloat16 is faster where the CPU has it, and "
-        "the trainer's importance weights correct the mismatch.",
+        description="Precision the local sampler runs in; the trainer's importance weights correct its "
+        "mismatch with the trainer's. 'auto': bfloat16 on CUDA and on CPUs with AMX, float32 on other "
+        "CPUs (where bfloat16 matmuls run at about half the float32 rate); pinned when the spec is "
+        "resolved, so spec.json holds what ran.",
+    )
+    train_dtype: Precision = Field(
+        default="bfloat16",
+        description="Precision the trainer's forwards and backwards compute in (autocast; weights and "
+        "optimizer state stay float32). 'auto' picks as for sampling_dtype, and is pinned the same way.",
     )
     chat_template: ArtifactRef | None = Field(
         default=None, description="Override of the model's own chat template; none = its own."

@@ -1,7 +1,7 @@
 """The device a trainer runs on, the determinism settings it runs under, and what the record says of both.
 
-A trainer trains on CUDA when a GPU is there (bf16 autocast, float32 master weights) and on the CPU
-otherwise; `REPRORL_DEVICE=cpu` keeps it on the CPU beside a GPU. On CUDA, bit-reproducible runs
+A trainer trains on CUDA when a GPU is there and on the CPU otherwise (`reprorl.hardware`), in
+float32 master weights under the autocast precision `model.train_dtype` names. On CUDA, bit-reproducible runs
 need deterministic kernels and a fixed cuBLAS workspace (`CUBLAS_WORKSPACE_CONFIG`, read when cuBLAS
 starts, so it is set before the first CUDA matmul): `deterministic=True` asks for both, at a cost in
 speed the record names. CPU runs are deterministic for a fixed thread count without either.
@@ -15,22 +15,10 @@ from typing import Any
 
 import torch
 
-from reprorl.errors import UserInputError
+from reprorl.hardware import DEVICE_ENV as DEVICE_ENV
+from reprorl.hardware import pick_device as pick_device
 
-DEVICE_ENV = "REPRORL_DEVICE"
 CUBLAS_WORKSPACE = ":4096:8"
-
-
-def pick_device() -> torch.device:
-    """CUDA when present (unless `REPRORL_DEVICE=cpu`), else the CPU."""
-    asked = os.environ.get(DEVICE_ENV, "").strip().lower()
-    if asked not in ("", "cpu", "cuda"):
-        raise UserInputError(f"{DEVICE_ENV}={asked!r}: use 'cpu' or 'cuda'")
-    if asked == "cuda" and not torch.cuda.is_available():
-        raise UserInputError(f"{DEVICE_ENV}=cuda but torch sees no CUDA device ({torch.__version__})")
-    if asked == "cpu" or not torch.cuda.is_available():
-        return torch.device("cpu")
-    return torch.device("cuda")
 
 
 def make_deterministic(device: torch.device) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from reprorl import hardware
 from reprorl.config import (
     ArtifactRef,
     RunSpec,
@@ -174,6 +175,31 @@ def test_resolve_spec_pins_every_reference(tmp_path: Path) -> None:
     assert resolved.spec_hash() != spec.spec_hash()
     assert resolve_spec(spec, pins.__getitem__).spec_hash() == resolved.spec_hash()
     assert validate_spec(resolved.model_dump(mode="json")) == resolved
+
+
+@pytest.mark.parametrize("machine", ["float32", "bfloat16"])
+def test_resolve_spec_pins_an_auto_precision_to_the_machines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, machine: str
+) -> None:
+    monkeypatch.setattr(hardware, "auto_dtype", lambda: (machine, "the test's machine"))
+    spec = load_spec(write(tmp_path, SPEC), ["model.sampling_dtype=auto", "model.train_dtype=auto"])
+    pins = {ref: f"{ref.split('@')[0]}@{fake_hash(ref)}" for ref in REFS.values()}
+    pinned_refs_only = resolve_spec(load_spec(write(tmp_path, SPEC)), pins.__getitem__)
+    half = pinned_refs_only.model_copy(
+        update={"model": pinned_refs_only.model.model_copy(update={"train_dtype": "auto"})}
+    )
+    assert not is_resolved(half)
+    with pytest.raises(SpecError, match=r"^model\.train_dtype: 'auto' is not pinned"):
+        ensure_resolved(half)
+
+    resolved = resolve_spec(spec, pins.__getitem__)
+
+    assert (resolved.model.sampling_dtype, resolved.model.train_dtype) == (machine, machine)
+    assert ensure_resolved(resolved) is resolved
+    # A pinned precision stays as written, whatever the machine would pick.
+    other = "float32" if machine == "bfloat16" else "bfloat16"
+    spec = load_spec(write(tmp_path, SPEC), [f"model.sampling_dtype={other}"])
+    assert resolve_spec(spec, pins.__getitem__).model.sampling_dtype == other
 
 
 def test_resolve_spec_names_the_reference_it_cannot_pin(tmp_path: Path) -> None:

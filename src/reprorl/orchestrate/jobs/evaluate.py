@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from peft import PeftModel, set_peft_model_state_dict
 from safetensors.torch import load_file
 
@@ -24,7 +23,7 @@ from reprorl.errors import UserInputError
 from reprorl.evaluation.point import EvalPoint, evaluate
 from reprorl.orchestrate.pipeline.versions import trained_version
 from reprorl.orchestrate.run.checkpoint import GOOD_PREFIX, STEP_PREFIX, checkpoints_root, verify_checkpoint
-from reprorl.orchestrate.run.policies import OpenedPolicy, load_run_base
+from reprorl.orchestrate.run.policies import OpenedPolicy, load_run_base, torch_dtype
 from reprorl.orchestrate.run.rollouts import runner_for
 from reprorl.orchestrate.run.setup import Suite, build_trainer, suite_of
 from reprorl.policy import LoadedModel
@@ -161,7 +160,7 @@ async def _measure(
     run_id: str,
     version: str | None = None,
 ) -> list[EvalPoint]:
-    snapshot = SamplingSnapshot(trainer, getattr(torch, spec.model.sampling_dtype))
+    snapshot = SamplingSnapshot(trainer, torch_dtype(spec.model.sampling_dtype))
     version = version or trained_version(trainer)
     sampler = LocalSampler(
         snapshot.model, loaded.tokenizer, model_hash=loaded.base_hash, policy_version=version

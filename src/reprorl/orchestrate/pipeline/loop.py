@@ -54,7 +54,7 @@ from reprorl.orchestrate.run.exploration import ALARM_EVENT, ExplorationWatch, o
 from reprorl.orchestrate.run.guarding import LoopGuard
 from reprorl.orchestrate.run.integrity import CONTRADICTED
 from reprorl.orchestrate.run.kept_versions import VersionKeeper
-from reprorl.orchestrate.run.policies import OpenedPolicy
+from reprorl.orchestrate.run.policies import OpenedPolicy, torch_dtype
 from reprorl.orchestrate.run.rollouts import load_taskset, progress_bar, runner_for, step_metrics, step_tasks
 from reprorl.orchestrate.run.setup import eval_suites
 from reprorl.orchestrate.run.signal_pool import SignalPool, observe_step, open_pool
@@ -107,7 +107,7 @@ class TrainLoop:
         self.writer = RolloutWriter(record)
         self.loss = make_loss(learning)
         self.renderer = ChatRenderer(loaded.tokenizer)
-        self.dtype: torch.dtype = getattr(torch, spec.model.sampling_dtype)
+        self.dtype: torch.dtype = torch_dtype(spec.model.sampling_dtype)
         self.guard = (
             LoopGuard(spec, {s.name: s.tasks for s in self.suites}) if spec.evaluation.rollback else None
         )

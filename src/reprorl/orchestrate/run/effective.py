@@ -151,6 +151,8 @@ def _model(loop: TrainLoop) -> dict[str, Any]:
         "model.inference": None,  # training refuses a remote server (it could not send it weights)
         **_engine(loop.engine),
         "model.sampling_dtype": str(loop.dtype).removeprefix("torch."),
+        # Read from the trainer's autocast, which every forward and backward runs under.
+        "model.train_dtype": "bfloat16" if loop.trainer.autocast_bf16 else "float32",
         "model.chat_template": (
             text_hash(tokenizer.chat_template) if loop.spec.model.chat_template is not None else None
         ),

@@ -28,6 +28,17 @@ from reprorl.store import Store
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+def torch_dtype(name: str, field: str = "model.sampling_dtype") -> torch.dtype:
+    """The torch type of a pinned precision; "auto" is pinned when the spec is resolved, not here."""
+    if name not in DTYPES:
+        raise UserInputError(
+            f"{name!r} is not a pinned precision ({', '.join(DTYPES)}); resolve the spec first "
+            "(`resolve_spec` pins 'auto' to this machine's)",
+            field=field,
+        )
+    return DTYPES[name]
+
+
 @dataclass
 class OpenedPolicy:
     """A sampler ready for the rollout runner, and what every trajectory will record about it."""
@@ -85,12 +96,11 @@ def open_policy(
     chat template, which render every prompt. `chat_template`: a template to render with instead
     of the model's own (`chat_template_text`).
     """
-    if dtype not in DTYPES:
-        raise UserInputError(f"sampling dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    torch_type = torch_dtype(dtype)
     if threads is not None and threads != torch.get_num_threads():
         # Reduction order depends on how the work is split; a replay must split it the same way.
         torch.set_num_threads(threads)
-    loaded = with_chat_template(load_base(base, store=store, dtype=DTYPES[dtype]), chat_template)
+    loaded = with_chat_template(load_base(base, store=store, dtype=torch_type), chat_template)
     adapter_version = None
     policy_version = f"base:{loaded.base_hash}"
     model = loaded.model

@@ -7,10 +7,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from reprorl.config import RunSpec
 from reprorl.config.spec import LoraAdapter
 from reprorl.errors import UserInputError
 from reprorl.hashing import derive_seed
+from reprorl.orchestrate.run.policies import torch_dtype
 from reprorl.orchestrate.run.rollouts import load_taskset
 from reprorl.policy import LoadedModel, load_adapter
 from reprorl.store import Store
@@ -57,15 +60,16 @@ def trained_temperature(sampled: float) -> float:
 
 def _trainer(store: Store, loaded: LoadedModel, spec: RunSpec) -> LocalTrainer:
     adapter = spec.model.adapter
+    autocast = torch_dtype(spec.model.train_dtype, "model.train_dtype") == torch.bfloat16
     if not isinstance(adapter, LoraAdapter):
         if spec.model.init_adapter is not None:
             raise UserInputError(
                 "an init_adapter needs model.adapter.kind = 'lora'", field="model.init_adapter"
             )
-        return LocalTrainer.full(loaded, autocast_bf16=True)
+        return LocalTrainer.full(loaded, autocast_bf16=autocast)
     if spec.model.init_adapter is None:
         return LocalTrainer.lora(
-            loaded, adapter, seed=derive_seed(spec.seed, "adapter-init"), autocast_bf16=True
+            loaded, adapter, seed=derive_seed(spec.seed, "adapter-init"), autocast_bf16=autocast
         )
     ref = str(spec.model.init_adapter)
     with tempfile.TemporaryDirectory(prefix="reprorl-init-adapter-") as scratch:
@@ -86,6 +90,6 @@ def _trainer(store: Store, loaded: LoadedModel, spec: RunSpec) -> LocalTrainer:
             base_hash=loaded.base_hash,
         )
     # A PeftModel stands in for the transformers model it wraps.
-    trainer = LocalTrainer(model, loaded.tokenizer, base_hash=loaded.base_hash, autocast_bf16=True)  # type: ignore[arg-type]
+    trainer = LocalTrainer(model, loaded.tokenizer, base_hash=loaded.base_hash, autocast_bf16=autocast)  # type: ignore[arg-type]
     trainer.init_adapter = store.resolve(ref).hash
     return trainer

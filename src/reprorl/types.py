@@ -304,6 +304,13 @@ class Turn(Record):
         description="Keys ('<rollout_id>/<turn>') of every row sampled in the same batch, in slot order; "
         "replay re-runs that batch as it was.",
     )
+    reused: int = Field(
+        default=0,
+        ge=0,
+        description="Positions of the context whose keys and values the sampler kept from the previous "
+        "turn instead of recomputing them: this turn's bits depend on that turn's batch too, so replay "
+        "re-runs it first.",
+    )
     rerender_ok: bool | None = Field(
         default=None,
         description="Whether rendering the conversation afresh with the chat template gives exactly the "

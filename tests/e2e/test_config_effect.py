@@ -95,6 +95,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "model.init_adapter": "effect-adapter",
         "model.sampling_dtype": "bfloat16",
         "model.train_dtype": "float32",
+        "model.kept_cache_mib": 64,
         "model.chat_template": "primed",
         "data.train": "calc-train-short",
         "data.tool_output_chars": 100,

@@ -92,6 +92,14 @@ class ModelSpec(SpecModel):
         description="Precision the trainer's forwards and backwards compute in (autocast; weights and "
         "optimizer state stay float32). 'auto' picks as for sampling_dtype, and is pinned the same way.",
     )
+    kept_cache_mib: int = Field(
+        default=2048,
+        ge=0,
+        le=1 << 20,
+        description="Memory the local sampler keeps an episode's keys and values in between its turns, so "
+        "a next turn computes only what it adds (the tool results) instead of its whole context; oldest "
+        "dropped first beyond it. 0 recomputes every context. Each turn records how much it took.",
+    )
     chat_template: ArtifactRef | None = Field(
         default=None, description="Override of the model's own chat template; none = its own."
     )

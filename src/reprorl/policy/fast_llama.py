@@ -150,6 +150,10 @@ class LlamaSteps:
         self.positions = self.positions + 1
         return self.packed.head(inner.norm(h)).float()
 
+    def kv(self) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+        """Per layer the keys and values of every slot (slots x heads x positions x dim), and the mask."""
+        return self.keys, self.values, self.mask
+
     def select(self, keep: torch.Tensor) -> None:
         self.keys, self.values = [k[keep] for k in self.keys], [v[keep] for v in self.values]
         self.mask, self.bias, self.positions = self.mask[keep], self.bias[keep], self.positions[keep]

@@ -10,11 +10,17 @@ its own longest, and their caches laid side by side, right-aligned, in one cache
 longest remainder (the mask has a hole between the prefix and each row's remainder; positions skip
 it). Which rows share a prefix, a remainder or a run is a function of the batch alone, so re-running
 a batch gives the same bits.
+
+A row may also come with a *base*: the keys and values of its context's first positions, kept from
+the turn before (`reprorl.policy.kept`). Only its remainder is computed, in runs of like length as
+above, each run's bases laid right-aligned before it; such a row's bits depend on its batch and on
+the batch its base was computed in.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import cast
 
 import torch
@@ -32,6 +38,18 @@ RUN_SLACK = 32
 # Logits at the last position for `ids` (rows x positions) under `mask`, at `positions`, with the
 # keys and values appended to `cache`.
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, DynamicCache], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Base:
+    """A row's first `length` positions as keys and values, per layer ([kv heads, length, head dim])."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+    @property
+    def length(self) -> int:
+        return int(self.keys[0].shape[1])
 
 
 def shared_prefix(prompts: Sequence[Sequence[int]]) -> int:
@@ -61,8 +79,14 @@ def prefill(
     steps: int,
     cache: DynamicCache,
     pad_id: int,
+    bases: Sequence[Base | None] = (),
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Fill `cache` with the prompts; the last logits, the padding mask (room for `steps`), the width."""
+    """Fill `cache` with the prompts; the last logits, the padding mask (room for `steps`), the width.
+
+    `bases`: per row, the keys and values of its first positions, or None; rows with one compute
+    only the rest of their prompt (only into a cache of plain `DynamicLayer`s; `plain` says)."""
+    if any(b is not None for b in bases):
+        return _with_bases(forward, prompts, steps, cache, pad_id, bases)
     lengths = [len(p) for p in prompts]
     shared = shared_prefix(prompts) if len(prompts) > 1 else 0
     shared = min(shared, min(lengths) - 1)  # every row keeps a token of its own to predict from
@@ -84,7 +108,7 @@ def prefill(
         forward(head, mask[:1, :shared], torch.arange(shared)[None], cache)
     positions = (mask[:, :width].long().cumsum(-1) - 1).clamp(min=0)[:, shared:]
     runs = length_runs([len(t) for t in tails])
-    if len(runs) == 1 or not all(type(layer) is DynamicLayer for layer in cache.layers):
+    if len(runs) == 1 or not plain(cache):
         if shared:
             cache.batch_repeat_interleave(len(tails))
         logits = forward(ids, mask[:, :width], positions, cache)
@@ -132,12 +156,21 @@ def _in_runs(
     for (pk, pv), k, v in zip(prefix, keys, values, strict=False):
         k[:, :, :shared] = pk
         v[:, :, :shared] = pv
-    for layer, k, v in zip(_dynamic(cache), keys, values, strict=True):
-        if not layer.is_initialized:  # no shared prefix: nothing was cached yet
-            layer.lazy_initialization(k, v)
-        layer.keys, layer.values = k, v
+    _install(cache, keys, values)
     assert logits is not None
     return logits
+
+
+def _install(cache: DynamicCache, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+    """Make `cache` hold `keys` and `values` (one per layer), replacing whatever it held."""
+    for index, (k, v) in enumerate(zip(keys, values, strict=True)):
+        if index >= len(cache.layers):  # a cache made without a config grows its layers on use
+            cache.update(k, v, index)
+            continue
+        layer = cast(DynamicLayer, cache.layers[index])
+        if not layer.is_initialized:  # nothing was cached yet (no shared prefix)
+            layer.lazy_initialization(k, v)
+        layer.keys, layer.values = k, v
 
 
 def _repeated(prefix: list[tuple[torch.Tensor, torch.Tensor]], rows: int) -> DynamicCache:
@@ -157,3 +190,91 @@ def _kv(layer: DynamicLayer) -> tuple[torch.Tensor, torch.Tensor]:
     """A filled layer's keys and values."""
     assert layer.keys is not None and layer.values is not None
     return layer.keys, layer.values
+
+
+def plain(cache: DynamicCache) -> bool:
+    """Whether every layer of `cache` is a plain `DynamicLayer` (which rows with a base need)."""
+    return all(type(layer) is DynamicLayer for layer in cache.layers)
+
+
+@dataclass(frozen=True)
+class _Part:
+    """Some rows of a batch prefilled together: their last logits, keys and values per layer (rows x
+    heads x positions x dim) and padding mask, all as wide as the part."""
+
+    rows: list[int]
+    logits: torch.Tensor
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    mask: torch.Tensor
+
+
+def _with_bases(
+    forward: Forward,
+    prompts: Sequence[tuple[int, ...]],
+    steps: int,
+    cache: DynamicCache,
+    pad_id: int,
+    bases: Sequence[Base | None],
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """`prefill` of a batch where some rows extend a base: the others as ever, these in runs of like
+    remainder; then every row right-aligned in one cache."""
+    fresh = [i for i, b in enumerate(bases) if b is None]
+    based = [(i, b) for i, b in enumerate(bases) if b is not None]
+    parts = [_fresh(forward, fresh, [prompts[i] for i in fresh], pad_id)] if fresh else []
+    for run in length_runs([len(prompts[i]) - b.length for i, b in based]):
+        rows = [based[j] for j in run]
+        parts.append(_run_on_bases(forward, rows, [prompts[i] for i, _ in rows], pad_id))
+    width, total = max(int(part.mask.shape[1]) for part in parts), len(prompts)
+    first = parts[0]
+    mask = torch.zeros((total, width + steps), dtype=torch.bool)
+    logits = first.logits.new_empty((total, first.logits.shape[-1]))
+    keys = [k.new_zeros((total, k.shape[1], width, k.shape[-1])) for k in first.keys]
+    values = [v.new_zeros((total, v.shape[1], width, v.shape[-1])) for v in first.values]
+    for part in parts:
+        index, w = torch.tensor(part.rows), int(part.mask.shape[1])
+        logits[index] = part.logits
+        mask[index, width - w : width] = part.mask
+        for k, v, k_out, v_out in zip(part.keys, part.values, keys, values, strict=True):
+            k_out[index, :, width - w :] = k
+            v_out[index, :, width - w :] = v
+    _install(cache, keys, values)
+    return logits, mask, width
+
+
+def _fresh(forward: Forward, rows: list[int], prompts: list[tuple[int, ...]], pad_id: int) -> _Part:
+    """The rows without a base, prefilled as a batch of their own."""
+    own = DynamicCache()
+    logits, mask, width = prefill(forward, prompts, 0, own, pad_id)
+    keys, values = zip(*map(_kv, _dynamic(own)), strict=True)
+    return _Part(rows, logits, list(keys), list(values), mask[:, :width])
+
+
+def _run_on_bases(
+    forward: Forward, rows: list[tuple[int, Base]], prompts: list[tuple[int, ...]], pad_id: int
+) -> _Part:
+    """One run of rows with bases: each base right-aligned before its remainder, the remainders
+    left-padded to the run's longest and computed in one pass."""
+    bases = [b for _, b in rows]
+    longest_base = max(b.length for b in bases)
+    rests = [p[b.length :] for p, b in zip(prompts, bases, strict=True)]
+    rest = max(len(r) for r in rests)
+    ids = torch.full((len(rows), rest), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), longest_base + rest), dtype=torch.bool)
+    part = DynamicCache()
+    for layer in range(len(bases[0].keys)):
+        k0 = bases[0].keys[layer]
+        keys = k0.new_zeros((len(rows), k0.shape[0], longest_base, k0.shape[-1]))
+        values = torch.zeros_like(keys)
+        for j, base in enumerate(bases):
+            keys[j, :, longest_base - base.length :] = base.keys[layer]
+            values[j, :, longest_base - base.length :] = base.values[layer]
+        part.update(keys, values, layer)
+    for j, (base, tail) in enumerate(zip(bases, rests, strict=True)):
+        ids[j, rest - len(tail) :] = torch.tensor(tail)
+        mask[j, longest_base - base.length : longest_base] = True
+        mask[j, longest_base + rest - len(tail) :] = True
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)[:, longest_base:]
+    logits = forward(ids, mask, positions, part)
+    keys_out, values_out = zip(*map(_kv, _dynamic(part)), strict=True)
+    return _Part([i for i, _ in rows], logits, list(keys_out), list(values_out), mask)

@@ -26,23 +26,25 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.cache_utils import DynamicLayer
 
 from reprorl.actions import CLOSE
 from reprorl.policy.draw import choose as choose  # re-exported: bench/sampling.py wraps it to profile
 from reprorl.policy.fast_llama import LlamaSteps, PackedLlama, fast_path_applies, packing_key
+from reprorl.policy.kept import DEFAULT_KEEP_BYTES, KeptCaches
 from reprorl.policy.models import LoadedModel
-from reprorl.policy.prefill import prefill
+from reprorl.policy.prefill import Base, plain, prefill
 from reprorl.threads import native_thread
 from reprorl.types import SamplingParams
 
 FinishReason = Literal["stop", "length", "tool_call"]
 # Bumped whenever the same requests could give other bits (draw method, kernels, packing, how the
 # prefill splits a batch); a replay compares it with the recorded one before comparing tokens.
-SAMPLER_VERSION = 4
+SAMPLER_VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,12 @@ class SampleRequest:
     # The most likely tokens to report at each step with their logprobs (OpenAI's `top_logprobs`);
     # they come from the distribution the token was drawn from and never change what is drawn.
     top_logprobs: int = 0
+    # The key of an earlier request whose context this one's extends (an episode's previous turn):
+    # where the sampler kept that row's keys and values, the positions the two share are not
+    # recomputed (`reprorl.policy.kept`).
+    continues: str | None = None
+    # Keep this row's keys and values for a later request that `continues` it.
+    keep: bool = False
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,9 @@ class Sample:
     cpu_s: float | None = None
     # Per sampled token, the `top_logprobs` most likely (token id, logprob), most likely first.
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()
+    # Positions of the prompt whose keys and values were the kept ones of the request it
+    # `continues` (not recomputed): its bits depend on that request's batch too.
+    reused: int = 0
 
 
 class Sampler(Protocol):
@@ -96,6 +107,7 @@ class _Row:
     logprobs: list[float] = field(default_factory=list)
     finish: FinishReason | None = None
     top: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
+    base: Base | None = None  # the kept keys and values its prompt starts with
 
 
 def stop_token_ids(tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
@@ -128,6 +140,7 @@ class LocalSampler:
         model_hash: str,
         policy_version: str,
         stop_strings: Sequence[str] = (CLOSE,),
+        keep_bytes: int = DEFAULT_KEEP_BYTES,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -149,16 +162,20 @@ class LocalSampler:
             max((len(tokenizer.encode(s, add_special_tokens=False)) for s in stop_strings), default=1) + 2
         )
         self._packed: PackedLlama | None = None  # kept between calls: packing costs a few decode steps
+        self.kept = KeptCaches(keep_bytes)  # rows' caches an episode's next turn continues from
         native_thread("decode")  # started now, with its thread team, while memory is plentiful
 
     @classmethod
-    def from_loaded(cls, loaded: LoadedModel, *, policy_version: str | None = None) -> LocalSampler:
+    def from_loaded(
+        cls, loaded: LoadedModel, *, policy_version: str | None = None, keep_bytes: int = DEFAULT_KEEP_BYTES
+    ) -> LocalSampler:
         """A sampler of a loaded base model (or of the adapter already applied to it)."""
         return cls(
             loaded.model,
             loaded.tokenizer,
             model_hash=loaded.base_hash,
             policy_version=policy_version or f"base:{loaded.base_hash}",
+            keep_bytes=keep_bytes,
         )
 
     @property
@@ -173,6 +190,7 @@ class LocalSampler:
             "dtype": str(self.dtype).removeprefix("torch."),
             "threads": torch.get_num_threads(),
             "torch": torch.__version__,
+            "kept_cache_bytes": self.kept.max_bytes,
         }
 
     def sample(self, requests: Sequence[SampleRequest]) -> list[Sample]:
@@ -201,6 +219,7 @@ class LocalSampler:
                 top_logprobs=tuple(row.top),
                 policy_version=policy_version,
                 cpu_s=cpu_s,
+                reused=row.base.length if row.base is not None else 0,
             )
             for row in rows
         ]
@@ -227,7 +246,14 @@ class LocalSampler:
         params = [r.request.params for r in rows]
         want = [r.request.top_logprobs for r in rows]
         cache = DynamicCache(config=self.model.config)
-        logits, mask, width = self._prefill([r.request.prompt_ids for r in rows], steps, cache)
+        keeps = plain(cache) and self.kept.max_bytes > 0
+        self.kept.drop_other_versions(self.policy_version)
+        for row in rows:
+            if keeps and row.request.continues is not None:
+                row.base = self.kept.take(row.request.continues, row.request.prompt_ids, self.policy_version)
+        logits, mask, width = self._prefill(
+            [r.request.prompt_ids for r in rows], steps, cache, [r.base for r in rows]
+        )
         stepper = self._fast_steps(cache, mask, width) or _HFSteps(self, cache, mask, width)
         slots = list(range(len(rows)))  # slot -> row; a finished row keeps its slot until compaction
         scratch = torch.empty_like(logits)
@@ -250,20 +276,48 @@ class LocalSampler:
                     self._record(row, token, logprob, budget[slots[slot]])
             live = [s for s, i in enumerate(slots) if rows[i].finish is None]
             if not live:
+                if keeps:
+                    self._keep(rows, slots, stepper, width)
                 return
             # Dropping finished rows copies the whole KV cache; carrying them costs a little compute.
             # Rows never mix in a forward pass, so either way the live rows get the same bits.
             if 4 * len(live) <= 3 * len(slots):
+                if keeps:
+                    self._keep(rows, slots, stepper, width)
                 stepper.select(torch.tensor(live))
                 slots, tokens = [slots[s] for s in live], tokens[live]
             logits = stepper.step(tokens)
 
+    def _keep(self, rows: list[_Row], slots: list[int], stepper: Steps, width: int) -> None:
+        """Keep the caches of the finished rows in `slots` that asked for it and may go on (a reply
+        that ended on a stop token ends its episode): the prompt's positions and every sampled
+        token's but the last, which no step has computed."""
+        keys, values, mask = stepper.kv()
+        for slot, index in enumerate(slots):
+            row = rows[index]
+            if not row.request.keep or row.finish in (None, "stop") or row.request.key in self.kept:
+                continue
+            columns = torch.cat(
+                (mask[slot, :width].nonzero().flatten(), torch.arange(width, width + len(row.tokens) - 1))
+            )
+            self.kept.put(
+                row.request.key,
+                (*row.request.prompt_ids, *row.tokens[:-1]),
+                [k[slot, :, columns] for k in keys],
+                [v[slot, :, columns] for v in values],
+                self.policy_version,
+            )
+
     def _prefill(
-        self, prompts: list[tuple[int, ...]], steps: int, cache: DynamicCache
+        self,
+        prompts: list[tuple[int, ...]],
+        steps: int,
+        cache: DynamicCache,
+        bases: Sequence[Base | None] = (),
     ) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Fill `cache` with the prompts (`reprorl.policy.prefill`); the last logits, the padding mask
         (room for `steps`), the width."""
-        return prefill(self._forward, prompts, steps, cache, self.pad_id)
+        return prefill(self._forward, prompts, steps, cache, self.pad_id, bases)
 
     def _forward(
         self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: DynamicCache
@@ -308,6 +362,18 @@ class LocalSampler:
             row.finish = "length"
 
 
+class Steps(Protocol):
+    """Decode steps over a filled cache: one forward per new token for the batch's live slots."""
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor: ...
+
+    def select(self, keep: torch.Tensor) -> None: ...
+
+    def kv(self) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+        """Per layer the keys and values of every slot (slots x heads x positions x dim), and the mask."""
+        ...
+
+
 class _HFSteps:
     """Decode steps through the model's own forward and a growing cache: any model, any device."""
 
@@ -326,3 +392,11 @@ class _HFSteps:
     def select(self, keep: torch.Tensor) -> None:
         self.cache.batch_select_indices(keep)
         self.mask, self.positions = self.mask[keep], self.positions[keep]
+
+    def kv(self) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+        layers = [cast(DynamicLayer, layer) for layer in self.cache.layers]
+        return (
+            [cast(torch.Tensor, x.keys) for x in layers],
+            [cast(torch.Tensor, x.values) for x in layers],
+            self.mask,
+        )

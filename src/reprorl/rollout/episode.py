@@ -48,6 +48,7 @@ class PolicyOutput:
     batch: tuple[str, ...] = ()
     rerender_ok: bool | None = None
     cpu_s: float = 0.0
+    reused: int = 0  # positions of the context the sampler took from the previous turn's kept cache
 
 
 class Policy(Protocol):
@@ -356,6 +357,7 @@ async def _loop(
                 policy_version=output.policy_version,
                 seed=output.seed,
                 batch=output.batch,
+                reused=output.reused,
                 rerender_ok=output.rerender_ok,
                 finish_reason="tool_call"
                 if action.tool_calls

@@ -276,6 +276,9 @@ class ModelPolicy:
             prompt_ids=tuple(self.context),
             params=self.params,
             seed=seed,
+            # The context only grows: the sampler may keep this turn's keys and values for the next.
+            continues=f"{self.rollout_id}/{self._turn - 1}" if self._turn else None,
+            keep=True,
         )
         sample, cpu_s = await self.submit(request)
         self.context.extend(sample.token_ids)
@@ -293,4 +296,5 @@ class ModelPolicy:
             batch=sample.batch,
             rerender_ok=rerender_ok,
             cpu_s=cpu_s,
+            reused=sample.reused,
         )

@@ -1,4 +1,5 @@
-"""Helpers for the policy tests: a network guard and the record of SmolLM2's first load."""
+"""Helpers for the policy tests: a network guard, the record of SmolLM2's first load, chat prompts
+under a long shared system prompt, and a row's logprobs from one unpadded forward."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from reprorl.policy import LoadedModel
 
@@ -39,3 +41,26 @@ class FirstLoad:
     cache: Path
     seconds: float
     network_attempts: tuple[str, ...]
+
+
+SYSTEM = "You are a careful assistant. Use the tools. " * 6
+
+
+def chat_ids(model: LoadedModel, task: str, system: str = SYSTEM) -> tuple[int, ...]:
+    """The first prompt of a task under the long system prompt every row shares."""
+    ids = model.tokenizer.apply_chat_template(
+        [{"role": "system", "content": system}, {"role": "user", "content": task}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
+    return tuple(int(i) for i in ids)
+
+
+def reference_logprobs(model: LoadedModel, prompt: tuple[int, ...], tokens: tuple[int, ...]) -> torch.Tensor:
+    """The sampled tokens' logprobs from one unpadded forward pass over the row alone."""
+    ids = torch.tensor([list(prompt) + list(tokens)])
+    with torch.no_grad():
+        logits = model.model(input_ids=ids).logits[0].float()
+    logp = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+    return logp.gather(1, torch.tensor(tokens)[:, None])[:, 0]

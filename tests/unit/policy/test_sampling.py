@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+from policy_support import chat_ids, reference_logprobs
 
 from reprorl.policy import LoadedModel, tiny_model
 from reprorl.policy.draw import filter_logits
@@ -209,24 +210,12 @@ def test_bfloat16_decode_is_as_close_to_float32_as_the_models_own_forward() -> N
     assert packed < 2 * own + 0.01, (packed, own)
 
 
-SYSTEM = "You are a careful assistant. Use the tools. " * 6
-
-
-def _chat(model: LoadedModel, task: str) -> tuple[int, ...]:
-    """The first prompt of a task under the long system prompt every row shares."""
-    ids = model.tokenizer.apply_chat_template(
-        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}],
-        add_generation_prompt=True,
-        tokenize=True,
-        return_dict=False,
-    )
-    return tuple(int(i) for i in ids)
-
-
 def _system_prompts(model: LoadedModel) -> list[tuple[int, ...]]:
     """Six rows as a training step sends them: one long system prompt, three tasks, two members each."""
     return [
-        _chat(model, task) for task in ["What is 2+2?", "Count the files in /data.", "Hi"] for _ in range(2)
+        chat_ids(model, task)
+        for task in ["What is 2+2?", "Count the files in /data.", "Hi"]
+        for _ in range(2)
     ]
 
 
@@ -269,17 +258,8 @@ def test_a_shared_prefix_and_repeated_prompts_are_computed_once(
     assert shapes[0] == (3, max(len(p) for p in prompts))  # the control: no prefix pass
     for a, b, prompt in zip(shared, unshared, prompts, strict=True):
         assert a.token_ids == b.token_ids
-        expected = _reference_logprobs(model, prompt, a.token_ids)
+        expected = reference_logprobs(model, prompt, a.token_ids)
         torch.testing.assert_close(torch.tensor(a.logprobs), expected, atol=1e-4, rtol=0)
-
-
-def _reference_logprobs(model: LoadedModel, prompt: tuple[int, ...], tokens: tuple[int, ...]) -> torch.Tensor:
-    """The sampled tokens' logprobs from one unpadded forward pass over the row alone."""
-    ids = torch.tensor([list(prompt) + list(tokens)])
-    with torch.no_grad():
-        logits = model.model(input_ids=ids).logits[0].float()
-    logp = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
-    return logp.gather(1, torch.tensor(tokens)[:, None])[:, 0]
 
 
 def test_remainders_of_unlike_length_are_prefilled_in_runs(
@@ -290,7 +270,7 @@ def test_remainders_of_unlike_length_are_prefilled_in_runs(
     still gets its own policy's logprobs, the same bits on a re-run."""
     import reprorl.policy.prefill as prefill
 
-    prompts = [_chat(model, "count " * words) for words in (1, 2, 30, 34, 80, 3)]
+    prompts = [chat_ids(model, "count " * words) for words in (1, 2, 30, 34, 80, 3)]
     prefix = prefill.shared_prefix(prompts)
     tails = [len(p) - prefix for p in prompts]
     runs = prefill.length_runs(tails)
@@ -308,7 +288,7 @@ def test_remainders_of_unlike_length_are_prefilled_in_runs(
         (s.token_ids, s.logprobs) for s in first
     ]
     for sample, prompt in zip(first, prompts, strict=True):
-        expected = _reference_logprobs(model, prompt, sample.token_ids)
+        expected = reference_logprobs(model, prompt, sample.token_ids)
         torch.testing.assert_close(torch.tensor(sample.logprobs), expected, atol=1e-4, rtol=0)
 
 

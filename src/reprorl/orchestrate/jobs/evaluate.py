@@ -23,7 +23,7 @@ from reprorl.errors import UserInputError
 from reprorl.evaluation.point import EvalPoint, evaluate
 from reprorl.orchestrate.pipeline.versions import trained_version
 from reprorl.orchestrate.run.checkpoint import GOOD_PREFIX, STEP_PREFIX, checkpoints_root, verify_checkpoint
-from reprorl.orchestrate.run.policies import OpenedPolicy, load_run_base, torch_dtype
+from reprorl.orchestrate.run.policies import OpenedPolicy, kept_bytes, load_run_base, torch_dtype
 from reprorl.orchestrate.run.rollouts import runner_for
 from reprorl.orchestrate.run.setup import Suite, build_trainer, suite_of
 from reprorl.policy import LoadedModel
@@ -163,7 +163,11 @@ async def _measure(
     snapshot = SamplingSnapshot(trainer, torch_dtype(spec.model.sampling_dtype))
     version = version or trained_version(trainer)
     sampler = LocalSampler(
-        snapshot.model, loaded.tokenizer, model_hash=loaded.base_hash, policy_version=version
+        snapshot.model,
+        loaded.tokenizer,
+        model_hash=loaded.base_hash,
+        policy_version=version,
+        keep_bytes=kept_bytes(spec),
     )
     renderer = ChatRenderer(loaded.tokenizer)
     provenance = Provenance(loaded.base_hash, None, renderer.template_hash, sampler.info())

@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack
-from typing import Any
+from dataclasses import replace
+from typing import Any, cast
 
 from reprorl.config import RunSpec
 from reprorl.config.load import stored_spec
@@ -48,7 +49,7 @@ from reprorl.rollout.model_policy import ModelPolicy
 from reprorl.store import RunRecord, Store, find_run
 from reprorl.store.rollout_query import RolloutStore
 from reprorl.threads import off_loop
-from reprorl.types import Task, Trajectory, parse_sample_key, sample_key
+from reprorl.types import Alternative, Task, Trajectory, Turn, parse_sample_key, sample_key
 
 
 def run_of(rollout_id: str) -> str:
@@ -64,33 +65,68 @@ def _sql_list(values: Iterable[str]) -> str:
 
 
 class _Batches:
-    """Rebuilds the batch of any recorded turn from the records of its rows."""
+    """Rebuilds the batch of any recorded turn from the records of its rows (read as needed)."""
 
     def __init__(self, rollouts: RolloutStore, target: Trajectory) -> None:
-        ids = {key.rsplit("/", 1)[0] for turn in target.turns for key in turn.batch}
-        ids.discard(target.rollout_id)
-        self.records = (
-            {t.rollout_id: t for t in rollouts.trajectories(f"rollout_id IN ({_sql_list(ids)})")}
-            if ids
-            else {}
-        )
-        self.records[target.rollout_id] = target
+        self.rollouts = rollouts
+        self.records = {target.rollout_id: target}
+        self._load(key.rsplit("/", 1)[0] for turn in target.turns for key in turn.batch)
+
+    def _load(self, ids: Iterable[str]) -> None:
+        missing = set(ids) - self.records.keys()
+        if missing:
+            found = self.rollouts.trajectories(f"rollout_id IN ({_sql_list(missing)})")
+            self.records.update((t.rollout_id, t) for t in found)
+
+    def _row(self, key: str) -> tuple[Trajectory, Turn | Alternative]:
+        rollout_id, turn, choice = parse_sample_key(key)
+        self._load([rollout_id])
+        record = self.records.get(rollout_id)
+        if record is None:
+            raise RecordError(f"batch row {key!r} has no stored rollout; the batch cannot be rebuilt")
+        row = record.turns[turn].row(choice) if turn < len(record.turns) else None
+        if row is None or row.seed is None:
+            raise RecordError(f"batch row {key!r}: the record has no such sampled turn")
+        return record, row
 
     def requests(self, keys: Sequence[str], own: SampleRequest | None = None) -> list[SampleRequest]:
+        self._load(key.rsplit("/", 1)[0] for key in keys)
         out = []
         for key in keys:
             if own is not None and key == own.key:
-                out.append(own)
+                # A live replay's own row: its context is the replay's, its cache reuse the record's
+                # (none for a turn the record does not hold: the replay has already left it).
+                try:
+                    continues = self._continues(key, self._row(key)[1])
+                except RecordError:
+                    continues = None
+                out.append(replace(own, continues=continues))
                 continue
-            rollout_id, turn, choice = parse_sample_key(key)
-            record = self.records.get(rollout_id)
-            if record is None:
-                raise RecordError(f"batch row {key!r} has no stored rollout; the batch cannot be rebuilt")
-            row = record.turns[turn].row(choice) if turn < len(record.turns) else None
-            if row is None or row.seed is None:
-                raise RecordError(f"batch row {key!r}: the record has no such sampled turn")
-            out.append(SampleRequest(key, record.context_ids(turn), record.sampling, int(row.seed)))
+            record, row = self._row(key)
+            turn = parse_sample_key(key)[1]
+            continues = self._continues(key, row)
+            out.append(
+                SampleRequest(
+                    key,
+                    record.context_ids(turn),
+                    record.sampling,
+                    int(cast(int, row.seed)),
+                    continues=continues,
+                    keep=True,
+                )
+            )
         return out
+
+    @staticmethod
+    def _continues(key: str, row: Turn | Alternative) -> str | None:
+        """A row that took its previous turn's kept cache takes it again; that turn's batch is re-run
+        first (`Replayer._sample`)."""
+        rollout_id, turn, _ = parse_sample_key(key)
+        return sample_key(rollout_id, turn - 1) if isinstance(row, Turn) and row.reused else None
+
+    def batch_of(self, key: str) -> tuple[str, ...]:
+        """The keys of the batch the row `key` was sampled in."""
+        return self._row(key)[1].batch
 
 
 def find_task(store: Store, spec: RunSpec, target: Trajectory) -> Task:
@@ -143,12 +179,21 @@ class Replayer:
             self._runs[run_id] = (record, RolloutStore(record), stored_spec(record.spec()))
         return self._runs[run_id]
 
-    async def _sample(self, opened: OpenedPolicy, requests: list[SampleRequest]) -> list[Sample]:
+    async def _sample(
+        self, opened: OpenedPolicy, requests: list[SampleRequest], batches: _Batches, *, again: bool = False
+    ) -> list[Sample]:
+        """The samples of a batch; a row that continues a kept cache has the batch that kept it re-run
+        first, when the sampler no longer holds it. `again`: re-run even a batch sampled before."""
         version = opened.sampler.policy_version
         key = (id(opened), version, tuple((r.key, r.prompt_ids, r.seed, r.params) for r in requests))
-        if key in self._batches:
+        if key in self._batches and not again:
             self._batches.move_to_end(key)
             return self._batches[key]
+        kept = getattr(opened.sampler, "kept", None)
+        for request in requests:
+            if request.continues is not None and kept is not None and request.continues not in kept:
+                earlier = batches.requests(batches.batch_of(request.continues))
+                await self._sample(opened, earlier, batches, again=True)
         samples = await off_loop(opened.sampler.sample, requests)
         self.batches_sampled += 1
         self._batches[key] = samples
@@ -181,7 +226,7 @@ class Replayer:
         if mode == "recorded":
             for turn in target.turns:
                 for row in turn.sampled_rows():
-                    samples = await self._sample(opened_for(turn.index), batches.requests(row.batch))
+                    samples = await self._sample(opened_for(turn.index), batches.requests(row.batch), batches)
                     own = sample_key(rollout_id, turn.index, row.choice)
                     compare_sample(report, turn.index, target, next(s for s in samples if s.key == own))
             return report
@@ -190,7 +235,7 @@ class Replayer:
             _, turn, choice = parse_sample_key(request.key)
             row = target.turns[turn].row(choice) if turn < len(target.turns) else None
             keys = row.batch if row is not None else (request.key,)
-            samples = await self._sample(opened_for(turn), batches.requests(keys, own=request))
+            samples = await self._sample(opened_for(turn), batches.requests(keys, own=request), batches)
             sample = next(s for s in samples if s.key == request.key)
             if turn < len(target.turns):
                 compare_sample(report, turn, target, sample)

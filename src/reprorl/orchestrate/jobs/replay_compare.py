@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from reprorl.policy.sampling import Sample
-from reprorl.types import ToolResult, Trajectory, parse_sample_key
+from reprorl.types import ToolResult, Trajectory, Turn, parse_sample_key
 
 Mode = Literal["recorded", "live"]
 
@@ -70,6 +70,11 @@ def compare_sample(report: ReplayReport, turn: int, recorded: Trajectory, sample
         return
     report.turns += 1
     report.tokens += len(sample.token_ids)
+    if isinstance(expected, Turn) and expected.reused != sample.reused:
+        # The row took another share of its previous turn's kept cache: other bits follow.
+        report.differences.append(
+            Difference("condition", turn, None, f"reused {expected.reused}", f"reused {sample.reused}")
+        )
     if expected.stop is not None:  # the agent's stop string cut it: what came after was never kept
         sample = replace(
             sample,

@@ -15,7 +15,7 @@ from reprorl.config import RunSpec
 from reprorl.errors import UserInputError
 from reprorl.orchestrate.run.judge_reward import check_judge, record_judge
 from reprorl.orchestrate.run.launch import create_run
-from reprorl.orchestrate.run.policies import chat_template_text, open_policy
+from reprorl.orchestrate.run.policies import chat_template_text, kept_bytes, open_policy
 from reprorl.orchestrate.run.rollouts import load_taskset, progress_bar, runner_for, step_metrics, step_tasks
 from reprorl.orchestrate.run.signal_pool import observe_step, open_pool, register_signal_tasks
 from reprorl.rollout.runner import plan_groups
@@ -41,6 +41,7 @@ async def sample_run(store: Store, spec: RunSpec, *, steps: int, show_progress: 
         str(spec.model.base),
         adapter=str(init) if init else None,
         dtype=spec.model.sampling_dtype,
+        keep_bytes=kept_bytes(spec),
         inference=spec.model.inference,
         chat_template=chat_template_text(store, spec),
     )

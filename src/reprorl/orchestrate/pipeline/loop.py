@@ -54,7 +54,7 @@ from reprorl.orchestrate.run.exploration import ALARM_EVENT, ExplorationWatch, o
 from reprorl.orchestrate.run.guarding import LoopGuard
 from reprorl.orchestrate.run.integrity import CONTRADICTED
 from reprorl.orchestrate.run.kept_versions import VersionKeeper
-from reprorl.orchestrate.run.policies import OpenedPolicy, torch_dtype
+from reprorl.orchestrate.run.policies import OpenedPolicy, kept_bytes, torch_dtype
 from reprorl.orchestrate.run.rollouts import load_taskset, progress_bar, runner_for, step_metrics, step_tasks
 from reprorl.orchestrate.run.setup import eval_suites
 from reprorl.orchestrate.run.signal_pool import SignalPool, observe_step, open_pool
@@ -126,6 +126,7 @@ class TrainLoop:
             overlap=pipeline.max_staleness > 0,
             engine=engine,
             engine_dir=record.path / "engine" / "adapters",
+            keep_bytes=kept_bytes(spec),
         )
         self.source = self._source()
         self.current = 0  # the version the trainer's weights are: updates taken

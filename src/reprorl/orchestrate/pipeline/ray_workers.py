@@ -27,7 +27,7 @@ from reprorl.errors import UserInputError
 from reprorl.orchestrate.pipeline.executors import BatchRunner, deal
 from reprorl.orchestrate.pipeline.ray_reaper import start_reaper
 from reprorl.orchestrate.pipeline.versions import PolicyVersion, PolicyVersions
-from reprorl.orchestrate.run.policies import OpenedPolicy, load_run_base, torch_dtype
+from reprorl.orchestrate.run.policies import OpenedPolicy, kept_bytes, load_run_base, torch_dtype
 from reprorl.orchestrate.run.rollouts import runner_for
 from reprorl.orchestrate.run.setup import build_trainer
 from reprorl.policy.chat import ChatRenderer
@@ -72,7 +72,9 @@ class RolloutWorker:
         if spec.model.vllm is None:  # samples here: the trained tensors' module layout, no optimizer
             trainer = build_trainer(store, loaded, spec)
             dtype = torch_dtype(spec.model.sampling_dtype)
-            self.versions = PolicyVersions(trainer, loaded, dtype, self.renderer.template_hash)
+            self.versions = PolicyVersions(
+                trainer, loaded, dtype, self.renderer.template_hash, keep_bytes=kept_bytes(spec)
+            )
         return {"host": socket.gethostname(), "pid": os.getpid(), "threads": torch.get_num_threads()}
 
     async def publish(self, index: int, tensors: dict[str, torch.Tensor]) -> str:

@@ -29,6 +29,7 @@ import torch
 from reprorl.orchestrate.run.kept_versions import VersionKeeper
 from reprorl.policy import LoadedModel, tensors_hash
 from reprorl.policy.digest import tree_hash
+from reprorl.policy.kept import DEFAULT_KEEP_BYTES
 from reprorl.policy.sampling import LocalSampler, Sampler
 from reprorl.policy.vllm_engine import RolloutEngine, adapter_dirname
 from reprorl.rollout.episode import Provenance
@@ -101,13 +102,15 @@ class PolicyVersions:
         overlap: bool = True,
         engine: RolloutEngine | None = None,
         engine_dir: Path | None = None,
+        keep_bytes: int = DEFAULT_KEEP_BYTES,
     ) -> None:
         """`template_hash`: the chat template's, which every trajectory records with its sampler;
         `keeper`: where the run keeps each published version's tensors (None on a remote worker);
         `overlap`: whether sampling goes on while the trainer updates (a staleness bound above 0).
         Without it a trained model that could serve itself (full fine-tuning in the sampling dtype)
         is its own sampling copy, as no batch reads it mid-update. `engine`: vLLM servers that sample
-        instead of copies here, each version's adapter saved under `engine_dir` for them to load."""
+        instead of copies here, each version's adapter saved under `engine_dir` for them to load.
+        `keep_bytes`: each copy's sampler's memory for kept caches (`model.kept_cache_mib`)."""
         self.trainer, self.loaded, self.dtype, self.template_hash = trainer, loaded, dtype, template_hash
         self.overlap = overlap
         self.keeper = keeper
@@ -116,6 +119,7 @@ class PolicyVersions:
         self._spare: list[_Copy] = []
         self.copies_made = 0
         self.engine, self.engine_dir = engine, engine_dir
+        self.keep_bytes = keep_bytes
 
     def publish(self, index: int, tensors: dict[str, torch.Tensor] | None = None) -> PolicyVersion:
         """Make version `index` samplable: from the trainer's weights now, or from saved `tensors`.
@@ -196,7 +200,11 @@ class PolicyVersions:
             return self._spare.pop()
         snapshot = SamplingSnapshot(self.trainer, self.dtype, always_copy=self.overlap)
         sampler = LocalSampler(
-            snapshot.model, self.loaded.tokenizer, model_hash=self.loaded.base_hash, policy_version=""
+            snapshot.model,
+            self.loaded.tokenizer,
+            model_hash=self.loaded.base_hash,
+            policy_version="",
+            keep_bytes=self.keep_bytes,
         )
         self.copies_made += 1
         return _Copy(snapshot, sampler)

@@ -20,12 +20,18 @@ from reprorl.policy import LoadedModel, load_adapter, load_base
 from reprorl.policy.chat import ChatRenderer
 from reprorl.policy.digest import text_hash
 from reprorl.policy.http import HttpSampler
+from reprorl.policy.kept import DEFAULT_KEEP_BYTES
 from reprorl.policy.sampling import LocalSampler, Sampler
 from reprorl.policy.transport import RetryPolicy
 from reprorl.rollout.episode import Provenance
 from reprorl.store import Store
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def kept_bytes(spec: RunSpec) -> int:
+    """The memory `model.kept_cache_mib` gives a sampler for kept caches, in bytes."""
+    return spec.model.kept_cache_mib << 20
 
 
 def torch_dtype(name: str, field: str = "model.sampling_dtype") -> torch.dtype:
@@ -89,6 +95,7 @@ def open_policy(
     threads: int | None = None,
     inference: RemoteInference | None = None,
     chat_template: str | None = None,
+    keep_bytes: int = DEFAULT_KEEP_BYTES,
 ) -> OpenedPolicy:
     """Load `base` (a reference or hash in `store`) with an optional stored adapter, for sampling.
 
@@ -117,7 +124,11 @@ def open_policy(
     sampler: Sampler
     if inference is None:
         sampler = LocalSampler(
-            model, loaded.tokenizer, model_hash=loaded.base_hash, policy_version=policy_version
+            model,
+            loaded.tokenizer,
+            model_hash=loaded.base_hash,
+            policy_version=policy_version,
+            keep_bytes=keep_bytes,
         )
     else:
         sampler = HttpSampler(

@@ -225,8 +225,9 @@ class LearningSpec(SpecModel):
         default=None,
         ge=1,
         description="How many train tasks get an oracle demonstration for the warm start, drawn with "
-        "the run's seed (recorded in the sft_done event); None: every one. RL still draws from every "
-        "train task: its verifier scores tasks nobody demonstrated.",
+        "the run's seed (recorded in the sft_done event), each family of a mixed train set its share "
+        "in proportion to its tasks; None: every one. RL still draws from every train task: its "
+        "verifier scores tasks nobody demonstrated.",
     )
 
 

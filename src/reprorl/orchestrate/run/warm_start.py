@@ -120,12 +120,27 @@ async def warm_start_run(
 
 def demonstrated_tasks(tasks: Sequence[Task], count: int | None, seed: int) -> list[Task]:
     """The train tasks the warm start demonstrates (`learning.sft_demonstrations`): all of them, or
-    `count` drawn with the run's seed, in the train set's order."""
+    `count` drawn with the run's seed, in the train set's order. A train set of several families
+    gives each a share of `count` in proportion to its tasks (largest remainders first), drawn from
+    its own tasks (an unstratified draw of 192 from 256 tasks per family gave calculator and files
+    68 each and sql 56)."""
     if count is None:
         return list(tasks)
     if count > len(tasks):  # refused before the run's record is made (`check_demonstrations`)
         raise ValueError(f"{count} demonstrations asked for, of {len(tasks)} train tasks")
-    picked = set(random.Random(derive_seed(seed, "sft-demonstrations")).sample(range(len(tasks)), count))
+    families: dict[str, list[int]] = {}
+    for i, task in enumerate(tasks):
+        families.setdefault(task.family, []).append(i)
+    if len(families) == 1:
+        picked = set(random.Random(derive_seed(seed, "sft-demonstrations")).sample(range(len(tasks)), count))
+        return [t for i, t in enumerate(tasks) if i in picked]
+    exact = {f: count * len(ids) / len(tasks) for f, ids in families.items()}
+    quota = {f: int(x) for f, x in exact.items()}
+    for f in sorted(exact, key=lambda f: (quota[f] - exact[f], f))[: count - sum(quota.values())]:
+        quota[f] += 1
+    picked = set()
+    for f, ids in sorted(families.items()):
+        picked.update(random.Random(derive_seed(seed, "sft-demonstrations", f)).sample(ids, quota[f]))
     return [t for i, t in enumerate(tasks) if i in picked]
 
 

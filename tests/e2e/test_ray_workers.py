@@ -144,23 +144,27 @@ def test_a_trainer_actor_that_dies_fails_the_run_and_resume_finishes_it(tmp_path
     spec = _spec(store, tmp_path, "learning.steps=4", "learning.checkpoint_every=1")
     record = prepare_run(store, spec)
     killed: list[str] = []
+    ended = threading.Event()
 
     def kill_the_trainer() -> None:
         # Once the checkpoint after two updates is renamed into place, the trainer's process goes (the
         # second update's metric line comes before that checkpoint: killed between them, a run
-        # resumes from step 1).
-        for _ in range(600):
+        # resumes from step 1). It watches for as long as the run lasts, however loaded the machine.
+        while not ended.is_set():
             if (checkpoints_root(record) / f"{STEP_PREFIX}{2:06d}").is_dir():
                 ray.kill(ray.get_actor(f"trainer-{record.run_id}", namespace="reprorl"))
                 killed.append(record.run_id)
                 return
-            threading.Event().wait(0.2)
+            ended.wait(0.2)
 
     killer = threading.Thread(target=kill_the_trainer)
     killer.start()
-    with pytest.raises(ray.exceptions.RayActorError):
-        asyncio.run(train_on_ray(store, spec, record, address="local"))
-    killer.join()
+    try:
+        with pytest.raises(ray.exceptions.RayActorError):
+            asyncio.run(train_on_ray(store, spec, record, address="local"))
+    finally:
+        ended.set()
+        killer.join()
     assert killed, "the trainer was not killed"
     status = record.status()
     assert status["status"] == "failed" and "trainer actor died" in status["error"]

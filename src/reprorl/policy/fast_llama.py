@@ -155,5 +155,14 @@ class LlamaSteps:
         return self.keys, self.values, self.mask
 
     def select(self, keep: torch.Tensor) -> None:
-        self.keys, self.values = [k[keep] for k in self.keys], [v[keep] for v in self.values]
+        """Keep only the slots `keep` (ascending), moved down in place: a kept slot already where it
+        belongs is not copied, a moved one only up to the filled columns (indexing copied every
+        slot's whole buffer, the columns no step has written included)."""
+        moves = [(i, int(j)) for i, j in enumerate(keep.tolist()) if i != j]
+        n, rows = self.filled, len(keep)
+        for buffer in (*self.keys, *self.values):
+            for to, source in moves:  # to < source, and every source is above every earlier target
+                buffer[to, :, :n] = buffer[source, :, :n]
+        self.keys = [k[:rows] for k in self.keys]
+        self.values = [v[:rows] for v in self.values]
         self.mask, self.bias, self.positions = self.mask[keep], self.bias[keep], self.positions[keep]

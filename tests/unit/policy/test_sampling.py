@@ -390,3 +390,36 @@ def test_two_samplers_in_one_process_decode_one_batch_at_a_time(
     for t in threads:
         t.join(timeout=60)
     assert most[0] == 1
+
+
+def test_dropping_finished_rows_in_place_gives_the_bits_a_copy_gave(
+    model: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows that end early are dropped from the decode (several times here: budgets of 2 to 16
+    tokens); moving the live slots down in place must leave every row the bits of copying them."""
+    from reprorl.policy.fast_llama import LlamaSteps
+
+    requests = [
+        SampleRequest(
+            f"r{i}", chat_ids(model, "count " * (i + 1)), SamplingParams(max_tokens=2 + 2 * i), 5 + i
+        )
+        for i in range(8)
+    ]
+    calls: list[int] = []
+    in_place = LlamaSteps.select
+
+    def counted(self: LlamaSteps, keep: torch.Tensor) -> None:
+        calls.append(len(keep))
+        in_place(self, keep)
+
+    monkeypatch.setattr(LlamaSteps, "select", counted)
+    moved = LocalSampler.from_loaded(model).sample(requests)
+    assert len(calls) >= 2, calls  # the batch shrank more than once
+
+    def copied(self: LlamaSteps, keep: torch.Tensor) -> None:
+        self.keys, self.values = [k[keep] for k in self.keys], [v[keep] for v in self.values]
+        self.mask, self.bias, self.positions = self.mask[keep], self.bias[keep], self.positions[keep]
+
+    monkeypatch.setattr(LlamaSteps, "select", copied)
+    reference = LocalSampler.from_loaded(model).sample(requests)
+    assert [(s.token_ids, s.logprobs) for s in moved] == [(s.token_ids, s.logprobs) for s in reference]

@@ -98,7 +98,8 @@ class ModelSpec(SpecModel):
         le=1 << 20,
         description="Memory the local sampler keeps an episode's keys and values in between its turns, so "
         "a next turn computes only what it adds (the tool results) instead of its whole context; oldest "
-        "dropped first beyond it. 0 recomputes every context. Each turn records how much it took.",
+        "dropped first beyond it. 0 recomputes every context. Each turn records how much it took. "
+        "With model.vllm the servers keep their own prefix cache and this applies to nothing.",
     )
     chat_template: ArtifactRef | None = Field(
         default=None, description="Override of the model's own chat template; none = its own."

@@ -159,8 +159,8 @@ def _model(loop: TrainLoop) -> dict[str, Any]:
         "model.inference": None,  # training refuses a remote server (it could not send it weights)
         **_engine(loop.engine),
         "model.sampling_dtype": str(loop.dtype).removeprefix("torch."),
-        # Read from what each sampling copy is given (None: vLLM samples, which keeps its own).
-        "model.kept_cache_mib": loop.versions.keep_bytes >> 20 if loop.engine is None else None,
+        # Read from what the loop builds each in-process sampler with.
+        "model.kept_cache_mib": loop.versions.keep_bytes >> 20,
         # Read from the trainer's autocast, which every forward and backward runs under.
         "model.train_dtype": "bfloat16" if loop.trainer.autocast_bf16 else "float32",
         "model.chat_template": (

@@ -140,3 +140,24 @@ def test_kept_caches_drop_the_oldest_past_their_budget() -> None:
     assert base is not None and base.length == 2  # the positions the contexts share
     assert kept.take("b", (0, 1, 9), "v") is None  # taken once
     assert kept.take("c", (0, 1, 2), "w") is None and "c" not in kept  # other weights: dropped
+
+
+def test_the_generic_path_continues_a_kept_cache_with_its_policys_logprobs(model: LoadedModel) -> None:
+    """A peft-wrapped model decodes through its own forward and a growing cache: its kept caches
+    (taken from that cache) give a next turn the same logprobs as a fresh forward."""
+    from reprorl.policy import apply_lora
+
+    wrapped = tiny_model(0)
+    sampler = LocalSampler(
+        apply_lora(wrapped.model, rank=4, targets=("q_proj", "v_proj")),
+        wrapped.tokenizer,
+        model_hash=wrapped.base_hash,
+        policy_version="p",
+    )
+    first, one = _first(model, sampler)
+    second = _second(model, first, one)
+    two = sampler.sample(second)
+    assert [s.reused > 0 for s in two] == [True] * 4 + [False] * 2
+    for request, sample in zip(second, two, strict=True):
+        reference = reference_logprobs(model, request.prompt_ids, sample.token_ids)
+        assert torch.allclose(torch.tensor(sample.logprobs), reference, atol=1e-4), request.key

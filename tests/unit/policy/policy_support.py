@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from reprorl.policy import LoadedModel
+from reprorl.policy.sampling import LocalSampler
 
 
 @contextlib.contextmanager
@@ -64,3 +65,17 @@ def reference_logprobs(model: LoadedModel, prompt: tuple[int, ...], tokens: tupl
         logits = model.model(input_ids=ids).logits[0].float()
     logp = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
     return logp.gather(1, torch.tensor(tokens)[:, None])[:, 0]
+
+
+def wrapped_sampler() -> LocalSampler:
+    """A sampler of a fresh tiny model (seed 0) wrapped by peft with a zero LoRA adapter: it decodes
+    through the model's own forward (the generic path), with the fast path's numbers."""
+    from reprorl.policy import apply_lora, tiny_model
+
+    wrapped = tiny_model(0)
+    return LocalSampler(
+        apply_lora(wrapped.model, rank=4, targets=("q_proj", "v_proj")),
+        wrapped.tokenizer,
+        model_hash=wrapped.base_hash,
+        policy_version="p",
+    )

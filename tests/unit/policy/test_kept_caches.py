@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from policy_support import chat_ids, reference_logprobs
+from policy_support import chat_ids, reference_logprobs, wrapped_sampler
 
 from reprorl.policy import LoadedModel, tiny_model
 from reprorl.policy.kept import KeptCaches
@@ -145,15 +145,7 @@ def test_kept_caches_drop_the_oldest_past_their_budget() -> None:
 def test_the_generic_path_continues_a_kept_cache_with_its_policys_logprobs(model: LoadedModel) -> None:
     """A peft-wrapped model decodes through its own forward and a growing cache: its kept caches
     (taken from that cache) give a next turn the same logprobs as a fresh forward."""
-    from reprorl.policy import apply_lora
-
-    wrapped = tiny_model(0)
-    sampler = LocalSampler(
-        apply_lora(wrapped.model, rank=4, targets=("q_proj", "v_proj")),
-        wrapped.tokenizer,
-        model_hash=wrapped.base_hash,
-        policy_version="p",
-    )
+    sampler = wrapped_sampler()
     first, one = _first(model, sampler)
     second = _second(model, first, one)
     two = sampler.sample(second)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from policy_support import chat_ids, reference_logprobs
+from policy_support import chat_ids, reference_logprobs, wrapped_sampler
 
 from reprorl.policy import LoadedModel, tiny_model
 from reprorl.policy.draw import filter_logits
@@ -149,16 +149,8 @@ def test_filter_logits_by_hand() -> None:
 def test_a_wrapped_model_takes_the_generic_path_with_the_same_numbers(model: LoadedModel) -> None:
     """A peft-wrapped model (as the training loop samples it) decodes through the model's own
     forward: reproducible, and equal in tokens to the fast path while its adapter is still zero."""
-    from reprorl.policy import apply_lora
-
     fast = LocalSampler.from_loaded(model)
-    wrapped_model = tiny_model(0)
-    wrapped = LocalSampler(
-        apply_lora(wrapped_model.model, rank=4, targets=("q_proj", "v_proj")),
-        wrapped_model.tokenizer,
-        model_hash=wrapped_model.base_hash,
-        policy_version="p",
-    )
+    wrapped = wrapped_sampler()
     requests = _requests(model, [4, 5, 6], SamplingParams(temperature=1.0, max_tokens=12))
     a, b = wrapped.sample(requests), wrapped.sample(requests)
     assert [s.token_ids for s in a] == [s.token_ids for s in b]
